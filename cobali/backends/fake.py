@@ -1,0 +1,145 @@
+"""A deterministic model-free backend for tests.
+
+Logits for a row depend only on its sequence's KV contents, never on what else is in the batch, so any
+correct schedule produces the same greedy tokens as sequential decoding. The KV bookkeeping is strict:
+a row whose position is not the next free position of its sequence is a scheduler bug and raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cobali.backends.base import BackendInfo, DecodeError
+from cobali.engine.sampling import SamplingParams
+
+EOG_TOKEN = 0
+_FIRST_CHAR = 32  # token t >= 1 renders as chr(31 + t): printable ASCII
+
+
+@dataclass(frozen=True)
+class Batch:
+    tokens: tuple[int, ...]
+    positions: tuple[int, ...]
+    seq_ids: tuple[int, ...]
+    want_logits: tuple[bool, ...]
+
+
+@dataclass
+class FakeBackend:
+    n_seq_max: int = 4
+    n_ctx_seq: int = 4096
+    n_batch: int = 512
+    kv_unified: bool = False
+    n_vocab: int = 96
+    fail_on_calls: set[int] = field(default_factory=set)  # decode call indices that raise
+    batches: list[Batch] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n_ctx = self.n_ctx_seq if self.kv_unified else self.n_ctx_seq * self.n_seq_max
+        self.info = BackendInfo(
+            n_vocab=self.n_vocab, n_ctx=n_ctx, n_ctx_seq=self.n_ctx_seq, n_seq_max=self.n_seq_max,
+            n_batch=self.n_batch, kv_unified=self.kv_unified, description="fake",
+        )
+        self.kv: dict[int, list[int]] = {s: [] for s in range(self.n_seq_max)}
+        self.last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)
+
+    def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
+        call = len(self.batches)
+        self.batches.append(Batch(tuple(map(int, tokens)), tuple(map(int, positions)),
+                                  tuple(map(int, seq_ids)), tuple(map(bool, want_logits))))
+        assert 0 < len(tokens) <= self.n_batch, f"batch of {len(tokens)} rows exceeds n_batch {self.n_batch}"
+        if call in self.fail_on_calls:
+            raise DecodeError(f"injected failure at decode call {call}", code=-3)
+        staged = {s: list(kv) for s, kv in self.kv.items()}
+        rows = []
+        for tok, pos, seq, want in zip(tokens, positions, seq_ids, want_logits, strict=True):
+            kv = staged[int(seq)]
+            assert pos == len(kv), f"seq {seq}: row at pos {pos}, but KV holds {len(kv)} tokens"
+            kv.append(int(tok))
+            if want:
+                rows.append(self._logits_after(kv))
+        if not self._fits(staged):
+            raise DecodeError("no KV slot for the batch", code=1)
+        self.kv = staged
+        self.last_logits = np.array(rows, dtype=np.float32).reshape(len(rows), self.n_vocab)
+        return self.last_logits
+
+    def _fits(self, kv: dict[int, list[int]]) -> bool:
+        if self.kv_unified:
+            return sum(map(len, kv.values())) <= self.info.n_ctx
+        return all(len(v) <= self.n_ctx_seq for v in kv.values())
+
+    def _logits_after(self, history: list[int]) -> np.ndarray:
+        target = (sum(history[-3:]) * 7 + len(history) * 13) % self.n_vocab
+        return -0.5 * np.abs(np.arange(self.n_vocab, dtype=np.float32) - target)
+
+    def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        kv = self.kv[seq_id]
+        assert p1 == -1 or p1 >= len(kv), "the fake backend only truncates sequence tails"
+        del kv[p0:]
+
+    def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        assert p0 == 0 and not self.kv[dst], "the fake backend copies a prefix into an empty sequence"
+        self.kv[dst] = list(self.kv[src][: None if p1 == -1 else p1])
+
+    def eog_mask(self) -> np.ndarray:
+        mask = np.zeros(self.n_vocab, dtype=bool)
+        mask[EOG_TOKEN] = True
+        return mask
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return [max(1, min(ord(c) - _FIRST_CHAR + 1, self.n_vocab - 1)) for c in text]
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"" if token == EOG_TOKEN else chr(_FIRST_CHAR - 1 + token).encode()
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+    def new_sampler(self, params: SamplingParams) -> FakeSampler:
+        return FakeSampler(self, params)
+
+    def close(self) -> None:
+        self.kv.clear()
+
+
+class FakeSampler:
+    """Temperature / top-k / top-p / penalties in numpy over the fake's last logits."""
+
+    def __init__(self, backend: FakeBackend, params: SamplingParams) -> None:
+        self.backend = backend
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.counts = np.zeros(backend.n_vocab, dtype=np.float32)
+
+    def sample(self, row: int) -> int:
+        p = self.params
+        out_row = sum(self.backend.batches[-1].want_logits[:row])
+        logits = self.backend.last_logits[out_row].copy()
+        seen = self.counts > 0
+        logits[seen] = np.where(logits[seen] > 0, logits[seen] / p.repetition_penalty,
+                                logits[seen] * p.repetition_penalty)
+        logits -= p.frequency_penalty * self.counts + p.presence_penalty * seen
+        if p.temperature == 0 or p.top_k == 1:
+            token = int(np.argmax(logits))
+        else:
+            token = self._draw(logits / p.temperature)
+        self.counts[token] += 1
+        return token
+
+    def _draw(self, logits: np.ndarray) -> int:
+        p = self.params
+        order = np.argsort(-logits)
+        if p.top_k:
+            order = order[: p.top_k]
+        probs = np.exp(logits[order] - logits[order[0]])
+        probs /= probs.sum()
+        keep = np.cumsum(probs) - probs < p.top_p
+        keep &= probs >= p.min_p * probs[0]
+        probs = probs[keep] / probs[keep].sum()
+        return int(self.rng.choice(order[keep], p=probs))
+
+    def close(self) -> None:
+        self.counts[:] = 0

@@ -1,0 +1,255 @@
+"""llama.cpp through llama-cpp-python's low-level C bindings. The only module that imports llama_cpp."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+import llama_cpp as ll
+import numpy as np
+
+from cobali.backends.base import BackendInfo, DecodeError
+from cobali.engine.sampling import SamplingParams
+
+_DECODE_ERRORS = {1: "no KV slot for the batch (KV cache full)", 2: "decode aborted"}
+_LOG_CALLBACK = None  # keep the ctypes callback alive for the life of the process
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    model_path: str
+    n_ctx: int = 0  # total KV cells; 0 = 2048 per slot, capped at the model's training context
+    n_seq_max: int = 16
+    n_batch: int = 512
+    n_threads: int = 0  # 0 = all cores
+    kv_unified: bool = False
+    n_gpu_layers: int = -1  # -1 = all layers when the build can offload, else 0
+    # Extra CPU buffer types (AMX, weight repacking) are off: the AMX matmul segfaults on this machine's
+    # CPUs (seen with llama-cpp-python 0.3.36), and with them off prefill still reaches ~300 tok/s.
+    use_extra_bufts: bool = False
+    verbose: bool = False
+
+
+def _silence_logs() -> None:
+    global _LOG_CALLBACK
+    _LOG_CALLBACK = ll.llama_log_callback(lambda level, text, data: None)
+    ll.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+
+
+class LlamaCppBackend:
+    def __init__(self, options: LlamaCppOptions) -> None:
+        if not os.path.isfile(options.model_path):
+            raise ValueError(f"model file not found: {options.model_path}")
+        if not options.verbose:
+            _silence_logs()
+        ll.llama_backend_init()
+        self.options = options
+        self.model = self._load_model(options)
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.ctx = self._new_context(options)
+        self.memory = ll.llama_get_memory(self.ctx)
+        n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.info = BackendInfo(
+            n_vocab=n_vocab,
+            n_ctx=ll.llama_n_ctx(self.ctx),
+            n_ctx_seq=ll.llama_n_ctx_seq(self.ctx),
+            n_seq_max=ll.llama_n_seq_max(self.ctx),
+            n_batch=ll.llama_n_batch(self.ctx),
+            kv_unified=options.kv_unified,
+            description=self._describe(options),
+        )
+        self._batch = _OwnedBatch(self.info.n_batch)
+        self._pieces: dict[int, bytes] = {}
+
+    @staticmethod
+    def _load_model(options: LlamaCppOptions):
+        params = ll.llama_model_default_params()
+        gpu = options.n_gpu_layers
+        params.n_gpu_layers = (999 if ll.llama_supports_gpu_offload() else 0) if gpu < 0 else gpu
+        params.use_extra_bufts = options.use_extra_bufts
+        model = ll.llama_model_load_from_file(options.model_path.encode(), params)
+        if not model:
+            raise ValueError(f"could not load a GGUF model from {options.model_path}")
+        return model
+
+    def _new_context(self, options: LlamaCppOptions):
+        params = ll.llama_context_default_params()
+        train = ll.llama_model_n_ctx_train(self.model)
+        per_seq = min(2048, train)
+        n_ctx = options.n_ctx or per_seq * (1 if options.kv_unified else options.n_seq_max)
+        threads = options.n_threads or os.cpu_count() or 1
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = options.n_batch  # one decode = one compute graph
+        params.n_seq_max = options.n_seq_max
+        params.n_threads = params.n_threads_batch = threads
+        params.kv_unified = options.kv_unified
+        params.no_perf = True
+        ctx = ll.llama_init_from_model(self.model, params)
+        if not ctx:
+            raise ValueError(f"could not create a llama.cpp context (n_ctx={n_ctx}, n_seq_max={options.n_seq_max})")
+        return ctx
+
+    def _describe(self, options: LlamaCppOptions) -> str:
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self.model, buf, len(buf))
+        kv = "unified" if options.kv_unified else "per-sequence streams"
+        return f"{buf.value.decode(errors='replace')}, {self.info_threads()} threads, KV {kv}"
+
+    def info_threads(self) -> int:
+        return ll.llama_n_threads(self.ctx)
+
+    # ---- compute ----------------------------------------------------------------------------------
+
+    def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
+        n = self._batch.fill(tokens, positions, seq_ids, want_logits)
+        code = ll.llama_decode(self.ctx, self._batch.struct)
+        if code != 0:
+            raise DecodeError(_DECODE_ERRORS.get(code, f"llama_decode returned {code}"), code)
+        n_out = int(np.count_nonzero(want_logits[:n]))
+        if n_out == 0:
+            return np.zeros((0, self.info.n_vocab), dtype=np.float32)
+        # llama_get_logits returns the output rows in batch order; view them without copying.
+        return np.ctypeslib.as_array(ll.llama_get_logits(self.ctx), shape=(n_out, self.info.n_vocab))
+
+    def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        ll.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+
+    def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    # ---- vocabulary -------------------------------------------------------------------------------
+
+    def eog_mask(self) -> np.ndarray:
+        return np.array([ll.llama_vocab_is_eog(self.vocab, t) for t in range(self.info.n_vocab)], dtype=bool)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8", errors="replace")
+        capacity = len(data) + 16
+        buf = (ll.llama_token * capacity)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
+        if n < 0:  # buffer too small: -n is the size needed
+            capacity = -n
+            buf = (ll.llama_token * capacity)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        template = ll.llama_model_chat_template(self.model, None)
+        if not template:
+            raise ValueError("the model has no chat template")
+        chat = (ll.llama_chat_message * len(messages))()
+        keep = []  # the C structs point into these bytes
+        for item, message in zip(chat, messages, strict=True):
+            role, content = message["role"].encode(), message["content"].encode()
+            keep += [role, content]
+            item.role, item.content = role, content
+        size = 1024 + 2 * sum(len(b) for b in keep)
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
+        if n < 0:
+            raise ValueError("the model's chat template is not supported by llama.cpp")
+        if n > size:
+            buf = ctypes.create_string_buffer(n)
+            n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, n)
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    # ---- sampling ---------------------------------------------------------------------------------
+
+    def new_sampler(self, params: SamplingParams) -> LlamaCppSampler:
+        return LlamaCppSampler(self, params)
+
+    def close(self) -> None:
+        if self.ctx:
+            ll.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            ll.llama_model_free(self.model)
+            self.model = None
+
+
+class _OwnedBatch:
+    """A llama_batch whose arrays are numpy buffers, so filling it is a few vector copies.
+
+    llama_batch_init gives each row its own malloc'd seq_id array, which cannot be filled in one numpy
+    operation; here every row's seq_id pointer points into one contiguous int32 array instead.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        seq_base = self.seq.ctypes.data
+        self.seq_ptrs = (ctypes.POINTER(ll.llama_seq_id) * capacity)(
+            *(ctypes.cast(seq_base + 4 * i, ctypes.POINTER(ll.llama_seq_id)) for i in range(capacity))
+        )
+        self.struct = ll.llama_batch()
+        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(ll.llama_token))
+        self.struct.embd = ctypes.POINTER(ctypes.c_float)()
+        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(ll.llama_pos))
+        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.seq_id = self.seq_ptrs
+        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def fill(self, tokens, positions, seq_ids, want_logits) -> int:
+        n = len(tokens)
+        assert 0 < n <= self.capacity, f"batch of {n} rows for a capacity of {self.capacity}"
+        self.token[:n] = tokens
+        self.pos[:n] = positions
+        self.seq[:n] = seq_ids
+        self.logits[:n] = want_logits
+        self.struct.n_tokens = n
+        return n
+
+
+class LlamaCppSampler:
+    """One llama.cpp sampler chain per request: penalties, top-k, top-p, min-p, temperature, then a draw."""
+
+    def __init__(self, backend: LlamaCppBackend, params: SamplingParams) -> None:
+        self.backend = backend
+        self.chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        add = lambda s: ll.llama_sampler_chain_add(self.chain, s)  # noqa: E731
+        if params.grammar is not None:
+            grammar = ll.llama_sampler_init_grammar(backend.vocab, params.grammar.encode(), b"root")
+            if not grammar:
+                self.close()
+                raise ValueError("invalid grammar")
+            add(grammar)
+        if (params.repetition_penalty, params.frequency_penalty, params.presence_penalty) != (1.0, 0.0, 0.0):
+            add(ll.llama_sampler_init_penalties(backend.info.n_vocab, 64, params.repetition_penalty,
+                                                params.frequency_penalty, params.presence_penalty))
+        if params.temperature == 0:
+            add(ll.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            add(ll.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            add(ll.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            add(ll.llama_sampler_init_min_p(params.min_p, 1))
+        add(ll.llama_sampler_init_temp(params.temperature))
+        seed = params.seed if params.seed is not None else ll.LLAMA_DEFAULT_SEED
+        add(ll.llama_sampler_init_dist(seed))
+
+    def sample(self, row: int) -> int:
+        # llama_sampler_sample also accepts the token into the chain (penalty history, grammar state).
+        return int(ll.llama_sampler_sample(self.chain, self.backend.ctx, row))
+
+    def close(self) -> None:
+        if self.chain:
+            ll.llama_sampler_free(self.chain)
+            self.chain = None

@@ -1,0 +1,32 @@
+"""The `cobali` console script: one entry point, a subcommand per face."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cobali import __version__, runner
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cobali", description="continuous batching over llama.cpp")
+    parser.add_argument("--version", action="version", version=f"cobali {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for face in (runner,):
+        face.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as err:
+        parser.exit(2, f"cobali {args.command}: error: {err}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

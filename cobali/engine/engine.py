@@ -1,0 +1,270 @@
+"""The tick loop: plan one batch, run one decode, sample every request at its row."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from cobali.backends.base import Backend, DecodeError
+from cobali.engine.detok import TextStream
+from cobali.engine.kv import SlotPool
+from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.engine.sampling import RowSampler, SamplingParams
+from cobali.engine.scheduler import Plan, Scheduler, admission_for_mode
+
+# Called after every sampled token and at finish: (request, text delta). Runs on the engine thread.
+TokenCallback = Callable[[Request, str], None]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    mode: str = "cont"
+    max_slots: int = 16
+    prefill_chunk_tokens: int = 512
+    n_batch: int = 512
+    record_ticks: bool = True
+
+    def __post_init__(self) -> None:
+        admission_for_mode(self.mode, self.prefill_chunk_tokens)
+        if self.prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
+        if self.max_slots < 1:
+            raise ValueError(f"max_slots must be >= 1, got {self.max_slots}")
+
+
+@dataclass(frozen=True)
+class TickRecord:
+    plan: Plan
+    start: float
+    decode_start: float
+    decode_end: float
+    end: float
+    n_running: int  # requests holding a slot during the tick
+    n_waiting: int  # requests queued after admission
+
+    @property
+    def decode_s(self) -> float:
+        return self.decode_end - self.decode_start
+
+    @property
+    def host_s(self) -> float:
+        return (self.end - self.start) - self.decode_s
+
+
+class Engine:
+    def __init__(self, backend: Backend, config: EngineConfig | None = None) -> None:
+        self.backend = backend
+        self.config = config = config or EngineConfig()
+        if config.n_batch > backend.info.n_batch:
+            raise ValueError(f"n_batch {config.n_batch} exceeds the backend's {backend.info.n_batch}")
+        self.slots = SlotPool(backend, config.max_slots)
+        admission = admission_for_mode(config.mode, config.prefill_chunk_tokens)
+        self.scheduler = Scheduler(self.slots, admission, config.n_batch)
+        self.sampler = RowSampler(backend)
+        self.eog = backend.eog_mask()
+        self.requests: dict[int, Request] = {}
+        self.ticks: list[TickRecord] = []
+        self.on_tick: Callable[[TickRecord], None] | None = None
+        self._ids = itertools.count()
+        self._texts: dict[int, TextStream] = {}
+        self._callbacks: dict[int, TokenCallback] = {}
+        # Other threads hand over work through these; deque append/popleft are atomic.
+        self._inbox: deque[Request] = deque()
+        self._aborts: deque[int] = deque()
+        n = config.n_batch
+        self._tokens = np.zeros(n, dtype=np.int32)
+        self._positions = np.zeros(n, dtype=np.int32)
+        self._seq_ids = np.zeros(n, dtype=np.int32)
+        self._want = np.zeros(n, dtype=np.int8)
+
+    # ---- submitting -------------------------------------------------------------------------------
+
+    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+        tokens = self.backend.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not tokens:
+            raise ValueError("prompt is empty")
+        limit = self.backend.info.n_ctx_seq
+        if len(tokens) >= limit:
+            raise ValueError(f"prompt has {len(tokens)} tokens; the context holds {limit} per request")
+        n_vocab = self.backend.info.n_vocab
+        if any(not 0 <= t < n_vocab for t in tokens):
+            raise ValueError(f"prompt token ids must be in [0, {n_vocab})")
+        return tokens
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        on_token: TokenCallback | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Queue a request; thread-safe. Raises ValueError for a prompt that can never run."""
+        params = params or SamplingParams()
+        request = Request(next(self._ids), self.tokenize_prompt(prompt), params)
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
+        self.requests[request.id] = request
+        self._texts[request.id] = TextStream(params.stop)
+        if on_token is not None:
+            self._callbacks[request.id] = on_token
+        self._inbox.append(request)
+        return request
+
+    def abort(self, request_id: int) -> None:
+        """Ask for a request to end at the next tick, freeing its slot and KV; thread-safe."""
+        self._aborts.append(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._inbox or self._aborts or self.scheduler.has_work)
+
+    # ---- the tick ---------------------------------------------------------------------------------
+
+    def step(self) -> TickRecord | None:
+        start = time.perf_counter()
+        self._take_submissions(start)
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return None
+        n = self._fill_batch(plan, start)
+        decode_start = time.perf_counter()
+        try:
+            logits = self.backend.decode(self._tokens[:n], self._positions[:n], self._seq_ids[:n], self._want[:n])
+        except DecodeError as err:
+            decode_end = time.perf_counter()
+            self._fail_plan(plan, str(err), decode_end)
+        else:
+            decode_end = time.perf_counter()
+            self._sample_plan(plan, logits, decode_end)
+        record = TickRecord(plan, start, decode_start, decode_end, time.perf_counter(),
+                            n_running=len(self.scheduler.running) + sum(c.samples for c in plan.chunks),
+                            n_waiting=len(self.scheduler.waiting))
+        if self.config.record_ticks:
+            self.ticks.append(record)
+        if self.on_tick is not None:
+            self.on_tick(record)
+        return record
+
+    def _take_submissions(self, now: float) -> None:
+        while self._inbox:
+            self.scheduler.add(self._inbox.popleft())
+        while self._aborts:
+            request = self.requests.get(self._aborts.popleft())
+            if request is not None and not request.is_finished:
+                self._finish(request, FinishReason.ABORT, now)
+
+    def _fill_batch(self, plan: Plan, now: float) -> int:
+        row = 0
+        for chunk in plan.chunks:
+            request = self.requests[chunk.request_id]
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            end = row + chunk.n_tokens
+            self._tokens[row:end] = request.tokens_to_feed(chunk.n_tokens)
+            self._positions[row:end] = np.arange(chunk.start, chunk.end, dtype=np.int32)
+            self._seq_ids[row:end] = chunk.slot
+            self._want[row:end] = 0
+            self._want[end - 1] = chunk.samples
+            row = end
+        return row
+
+    def _fail_plan(self, plan: Plan, message: str, now: float) -> None:
+        for chunk in plan.chunks:
+            self._finish(self.requests[chunk.request_id], FinishReason.ERROR, now, f"decode failed: {message}")
+
+    def _sample_plan(self, plan: Plan, logits: np.ndarray, now: float) -> None:
+        picks, row = [], 0
+        for chunk in plan.chunks:
+            request = self.requests[chunk.request_id]
+            request.prefill_cursor += chunk.n_tokens
+            row += chunk.n_tokens
+            if chunk.samples:
+                picks.append((request.id, request.params, row - 1, len(picks)))
+        tokens = self.sampler.sample(logits, picks)
+        for (request_id, *_), token in zip(picks, tokens, strict=True):
+            self._accept(self.requests[request_id], token, now)
+
+    def _accept(self, request: Request, token: int, now: float) -> None:
+        if request.state is RequestState.PREFILL:
+            request.transition(RequestState.DECODE)
+        request.output_tokens.append(token)
+        request.token_times.append(now)
+        is_eog = bool(self.eog[token]) and not request.params.ignore_eos
+        delta, hit_stop = ("", False) if is_eog else self._texts[request.id].push(self.backend.token_bytes(token))
+        reason = self._finish_reason(request, is_eog or hit_stop)
+        if reason is None:
+            self._emit(request, delta)
+        else:
+            self._finish(request, reason, now, delta=delta, flush=not hit_stop)
+
+    def _finish_reason(self, request: Request, stopped: bool) -> FinishReason | None:
+        if stopped:
+            return FinishReason.STOP
+        if len(request.output_tokens) >= request.params.max_tokens:
+            return FinishReason.LENGTH
+        if request.n_context_tokens >= self.backend.info.n_ctx_seq:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, request: Request, reason: FinishReason, now: float, error: str | None = None,
+                delta: str = "", flush: bool = True) -> None:
+        """End a request and free its slot and KV now. Held-back text is final unless a stop string cut it."""
+        request.finish(reason, now, error)
+        del self.requests[request.id]
+        self.scheduler.remove(request)
+        self.sampler.forget(request.id)
+        stream = self._texts.pop(request.id)
+        if flush:
+            delta += stream.flush()
+        request.text = stream.text
+        self._emit(request, delta)
+        self._callbacks.pop(request.id, None)
+
+    def _emit(self, request: Request, delta: str) -> None:
+        callback = self._callbacks.get(request.id)
+        if callback is not None:
+            callback(request, delta)
+
+    # ---- driving ----------------------------------------------------------------------------------
+
+    def run_until_done(self, on_finish: Callable[[Request], None] | None = None) -> None:
+        pending = list(self._inbox) + self.scheduler.running + list(self.scheduler.waiting)
+        while self.has_work:
+            self.step()
+            if on_finish is not None:
+                done = [r for r in pending if r.is_finished]
+                pending = [r for r in pending if not r.is_finished]
+                for request in done:
+                    on_finish(request)
+
+    def generate(self, prompts: Iterable[str | list[int]], params: SamplingParams | None = None) -> list[Request]:
+        """Run prompts to completion. A prompt that cannot run comes back FAILED with its error."""
+        requests = [self.submit(p, params) for p in prompts]
+        self.run_until_done()
+        return requests
+
+    def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
+               arrival_time: float | None = None) -> Request:
+        """Like add_request, but a prompt that cannot run becomes a FAILED request instead of raising."""
+        try:
+            return self.add_request(prompt, params, arrival_time=arrival_time)
+        except ValueError as err:
+            request = Request(next(self._ids), [], params or SamplingParams())
+            request.finish(FinishReason.ERROR, time.perf_counter(), str(err))
+            return request
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
+        """Generate one prompt on the caller's thread, yielding text as it is produced."""
+        deltas: deque[str] = deque()
+        request = self.add_request(prompt, params, on_token=lambda _r, d: deltas.append(d))
+        while not request.is_finished:
+            self.step()
+            while deltas:
+                if delta := deltas.popleft():
+                    yield delta
+        yield from (d for d in deltas if d)

@@ -1,0 +1,93 @@
+"""A request's life: one state machine, its transitions, and the data it carries."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from cobali.engine.sampling import SamplingParams
+
+
+class RequestState(enum.Enum):
+    PENDING = "pending"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestState.DONE, RequestState.FAILED)
+
+
+# The only legal moves. PREFILL/DECODE -> PENDING is preemption: KV dropped, tokens kept.
+_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.PENDING: frozenset({RequestState.PREFILL, RequestState.FAILED, RequestState.DONE}),
+    RequestState.PREFILL: frozenset(
+        {RequestState.PREFILL, RequestState.DECODE, RequestState.PENDING, RequestState.DONE, RequestState.FAILED}
+    ),
+    RequestState.DECODE: frozenset({RequestState.PENDING, RequestState.DONE, RequestState.FAILED}),
+    RequestState.DONE: frozenset(),
+    RequestState.FAILED: frozenset(),
+}
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass
+class Request:
+    id: int
+    prompt_tokens: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.perf_counter)
+    priority: int = 0
+    state: RequestState = RequestState.PENDING
+    output_tokens: list[int] = field(default_factory=list)
+    prefill_cursor: int = 0  # tokens of prompt+output already in KV; == position of the next token
+    slot: int | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    text: str = ""
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+
+    def transition(self, new: RequestState) -> None:
+        assert new in _TRANSITIONS[self.state], f"request {self.id}: illegal {self.state} -> {new}"
+        self.state = new
+
+    @property
+    def all_tokens(self) -> list[int]:
+        return self.prompt_tokens + self.output_tokens
+
+    @property
+    def n_context_tokens(self) -> int:
+        """Tokens that must be in KV before the next sample: prompt plus output (recomputed after preemption)."""
+        return len(self.prompt_tokens) + len(self.output_tokens)
+
+    @property
+    def uncached_tokens(self) -> int:
+        """Tokens not yet in KV: the whole prompt at first, 1 (the last sampled token) while decoding."""
+        return self.n_context_tokens - self.prefill_cursor
+
+    def tokens_to_feed(self, n: int) -> list[int]:
+        start = self.prefill_cursor
+        if start >= len(self.prompt_tokens):
+            return self.output_tokens[start - len(self.prompt_tokens) : start - len(self.prompt_tokens) + n]
+        return self.all_tokens[start : start + n]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state.is_finished
+
+    def finish(self, reason: FinishReason, now: float, error: str | None = None) -> None:
+        self.transition(RequestState.FAILED if reason is FinishReason.ERROR else RequestState.DONE)
+        self.finish_reason = reason
+        self.error = error
+        self.finish_time = now

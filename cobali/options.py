@@ -1,0 +1,75 @@
+"""Engine flags shared by every face (run, bench, serve), and building an engine from them."""
+
+from __future__ import annotations
+
+import argparse
+
+from cobali.backends.base import Backend
+from cobali.engine.engine import Engine, EngineConfig
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def add_backend_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="GGUF path (default: the embedded SmolLM2-135M Q4_1)")
+    parser.add_argument("--max-slots", type=positive_int, default=16, help="concurrent sequences (KV slots)")
+    parser.add_argument("--n-batch", type=positive_int, default=512, help="token budget of one decode call")
+    parser.add_argument("--ctx", type=non_negative_int, default=0,
+                        help="total KV cells (like llama-server -c); 0 = 2048 per slot")
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="CPU threads (0 = all cores)")
+    parser.add_argument("--kv-unified", action="store_true",
+                        help="one KV buffer shared by all sequences instead of per-sequence streams")
+    parser.add_argument("--n-gpu-layers", type=int, default=-1,
+                        help="layers to offload in a GPU build (-1 = all when offload is available)")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    add_backend_args(parser)
+    parser.add_argument("--prefill-chunk-tokens", type=positive_int, default=512,
+                        help="longest prefill chunk per request per tick (cont mode)")
+
+
+def build_backend(args: argparse.Namespace) -> Backend:
+    from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+    from cobali.model import embedded_model_path
+
+    if args.n_batch < args.max_slots:
+        raise ValueError(f"--n-batch ({args.n_batch}) must be >= --max-slots ({args.max_slots})")
+    options = LlamaCppOptions(
+        model_path=args.model or embedded_model_path(),
+        n_ctx=args.ctx,
+        n_seq_max=args.max_slots,
+        n_batch=args.n_batch,
+        n_threads=args.threads,
+        kv_unified=args.kv_unified,
+        n_gpu_layers=args.n_gpu_layers,
+    )
+    return LlamaCppBackend(options)
+
+
+def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:
+    return EngineConfig(mode=mode, max_slots=args.max_slots, prefill_chunk_tokens=args.prefill_chunk_tokens,
+                        n_batch=args.n_batch, **overrides)
+
+
+def build_engine(args: argparse.Namespace, backend: Backend | None = None, mode: str = "cont",
+                 **overrides) -> Engine:
+    return Engine(backend or build_backend(args), engine_config(args, mode, **overrides))
