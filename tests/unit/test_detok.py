@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from cobali.engine.detok import TextStream
+
+
+def feed(stream: TextStream, pieces: list[bytes]) -> tuple[list[str], bool]:
+    out, hit = [], False
+    for piece in pieces:
+        delta, hit = stream.push(piece)
+        out.append(delta)
+        if hit:
+            break
+    return out, hit
+
+
+def test_split_utf8_character_is_joined() -> None:
+    stream = TextStream()
+    euro = "€".encode()
+    out, _ = feed(stream, [euro[:1], euro[1:], b"!"])
+    assert out == ["", "€", "!"] and stream.text == "€!"
+
+
+def test_stop_string_across_tokens_is_held_back_then_cut() -> None:
+    stream = TextStream(("END",))
+    out, hit = feed(stream, [b"ab", b"E", b"N", b"Dxyz"])
+    assert hit and out == ["ab", "", "", ""] and stream.text == "ab"
+
+
+def test_held_back_prefix_is_released_when_it_turns_out_not_to_stop() -> None:
+    stream = TextStream(("END",))
+    out, hit = feed(stream, [b"ab", b"EN", b"x"])
+    assert not hit and out == ["ab", "", "ENx"]
+
+
+def test_flush_releases_what_was_held() -> None:
+    stream = TextStream(("END",))
+    feed(stream, [b"abE"])
+    assert stream.flush() == "E" and stream.text == "abE"
+
+
+def test_earliest_of_several_stops_wins() -> None:
+    stream = TextStream(("zz", "b"))
+    out, hit = feed(stream, [b"azzb"])
+    assert hit and stream.text == "a" and out == ["a"]

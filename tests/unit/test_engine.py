@@ -1,0 +1,144 @@
+"""Finishing, failing and aborting requests; sampling through per-request chains."""
+
+from __future__ import annotations
+
+import pytest
+
+from cobali.backends.fake import EOG_TOKEN, FakeBackend
+from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.engine.sampling import SamplingParams
+
+
+def make_engine(slots: int = 2, n_ctx_seq: int = 4096, **backend_kw) -> Engine:
+    backend = FakeBackend(n_seq_max=slots, n_ctx_seq=n_ctx_seq, **backend_kw)
+    return Engine(backend, EngineConfig(max_slots=slots, prefill_chunk_tokens=64, n_batch=128))
+
+
+def test_max_tokens_ends_with_length() -> None:
+    (r,) = make_engine().generate(["hello"], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert (r.finish_reason, len(r.output_tokens), r.state) == (FinishReason.LENGTH, 5, RequestState.DONE)
+    assert len(r.token_times) == 5 and r.finish_time >= r.token_times[-1] >= r.arrival_time
+
+
+def test_eog_ends_with_stop_unless_ignored() -> None:
+    engine = make_engine()
+    prompts = [[1 + (i * 11) % 90 for i in range(n)] for n in range(1, 60)]
+    runs = engine.generate(prompts, SamplingParams(max_tokens=40))
+    stopped = [r for r in runs if r.finish_reason is FinishReason.STOP]
+    assert stopped, "the fake model emits EOG for some prompts"
+    assert all(r.output_tokens[-1] == EOG_TOKEN for r in stopped)
+    again = engine.generate([stopped[0].prompt_tokens], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    assert again.finish_reason is FinishReason.LENGTH and len(again.output_tokens) == 40
+
+
+def test_stop_string_ends_and_is_not_emitted() -> None:
+    engine = make_engine()
+    (free,) = engine.generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True))
+    stop = free.text[10:12]
+    deltas: list[str] = []
+    r = engine.add_request("abc", SamplingParams(max_tokens=30, ignore_eos=True, stop=(stop,)),
+                           on_token=lambda _r, d: deltas.append(d))
+    engine.run_until_done()
+    cut = free.text.index(stop)
+    assert r.finish_reason is FinishReason.STOP
+    assert r.text == free.text[:cut] == "".join(deltas)
+
+
+def test_context_full_ends_with_length() -> None:
+    (r,) = make_engine(n_ctx_seq=20).generate([list(range(1, 16))], SamplingParams(max_tokens=50, ignore_eos=True))
+    assert r.finish_reason is FinishReason.LENGTH and len(r.prompt_tokens) + len(r.output_tokens) == 20
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [("", "empty"), ([], "empty"), (list(range(1, 30)), "context holds 20"), ([1, 999], "token ids")],
+)
+def test_bad_prompts_fail_alone(prompt, message: str) -> None:
+    engine = make_engine(n_ctx_seq=20)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request(prompt)
+    bad, good = engine.generate([prompt, "ok"], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert bad.state is RequestState.FAILED and message in bad.error
+    assert good.finish_reason is FinishReason.LENGTH
+
+
+def test_failed_decode_fails_that_batch_only_and_engine_keeps_serving() -> None:
+    engine = make_engine(fail_on_calls={1})
+    a = engine.add_request("first", SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()
+    b_ = engine.add_request("second", SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()  # decode call 1 fails: both requests were in that batch
+    assert a.state is b_.state is RequestState.FAILED and "injected failure" in a.error
+    assert engine.slots.n_free == 2, "failed requests give their slots back"
+    (c,) = engine.generate(["third"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert c.finish_reason is FinishReason.LENGTH
+
+
+def test_no_kv_slot_fails_the_batch() -> None:
+    engine = make_engine(kv_unified=True, n_ctx_seq=30)
+    runs = engine.generate([list(range(1, 21)), list(range(1, 21))], SamplingParams(max_tokens=2))
+    assert {r.state for r in runs} == {RequestState.FAILED}
+    assert "no KV slot" in runs[0].error
+
+
+def test_abort_frees_slot_and_kv_at_the_next_tick() -> None:
+    engine = make_engine()
+    r = engine.add_request("long one", SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.step()
+    engine.step()
+    slot = r.slot
+    assert engine.backend.kv[slot]
+    engine.abort(r.id)
+    engine.step()
+    assert r.finish_reason is FinishReason.ABORT and r.slot is None
+    assert engine.backend.kv[slot] == [] and engine.slots.n_free == 2 and not engine.has_work
+
+
+def test_aborting_a_queued_request_removes_it() -> None:
+    engine = make_engine(slots=1)
+    engine.add_request("a", SamplingParams(max_tokens=3))
+    queued = engine.add_request("b", SamplingParams(max_tokens=3))
+    engine.step()
+    engine.abort(queued.id)
+    engine.run_until_done()
+    assert queued.finish_reason is FinishReason.ABORT and queued.output_tokens == []
+
+
+def test_seeded_sampling_is_per_request_and_reproducible() -> None:
+    params = SamplingParams(max_tokens=20, temperature=1.5, seed=7, ignore_eos=True)
+    first = make_engine().generate(["x", "x"], params)
+    second = make_engine().generate(["x"], params)
+    assert first[0].output_tokens == first[1].output_tokens == second[0].output_tokens
+    greedy = make_engine().generate(["x"], SamplingParams(max_tokens=20, ignore_eos=True))[0]
+    assert greedy.output_tokens != first[0].output_tokens
+
+
+def test_stream_yields_the_final_text() -> None:
+    engine = make_engine()
+    text = "".join(engine.stream("hello", SamplingParams(max_tokens=8, ignore_eos=True)))
+    assert len(text) == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_tokens": 0}, {"temperature": -1}, {"temperature": float("nan")}, {"top_p": 0}, {"top_k": -1},
+     {"min_p": 2}, {"repetition_penalty": 0}, {"seed": -1}, {"stop": ("",)}],
+)
+def test_bad_sampling_params_raise(kwargs) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_illegal_state_transition_is_an_assertion() -> None:
+    r = Request(0, [1], SamplingParams())
+    r.finish(FinishReason.STOP, 0.0)
+    with pytest.raises(AssertionError):
+        r.transition(RequestState.DECODE)
+
+
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        EngineConfig(mode="fast")
+    with pytest.raises(ValueError, match="n_batch"):
+        Engine(FakeBackend(n_seq_max=8), EngineConfig(max_slots=8, n_batch=4))
