@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cobali import __version__, runner
+from cobali import __version__, runner, server
+from cobali.bench import cli as bench_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cobali", description="continuous batching over llama.cpp")
     parser.add_argument("--version", action="version", version=f"cobali {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for face in (runner,):
+    for face in (runner, bench_cli, server):
         face.register(subparsers)
     return parser
 

@@ -34,6 +34,7 @@ class FakeBackend:
     kv_unified: bool = False
     n_vocab: int = 96
     fail_on_calls: set[int] = field(default_factory=set)  # decode call indices that raise
+    fail_code: int = -3  # what they raise: 1 is llama.cpp's "no KV slot", negatives are fatal errors
     batches: list[Batch] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -51,7 +52,8 @@ class FakeBackend:
                                   tuple(map(int, seq_ids)), tuple(map(bool, want_logits))))
         assert 0 < len(tokens) <= self.n_batch, f"batch of {len(tokens)} rows exceeds n_batch {self.n_batch}"
         if call in self.fail_on_calls:
-            raise DecodeError(f"injected failure at decode call {call}", code=-3)
+            what = "no KV slot for the batch" if self.fail_code == 1 else "injected failure"
+            raise DecodeError(f"{what} (decode call {call})", code=self.fail_code)
         staged = {s: list(kv) for s, kv in self.kv.items()}
         rows = []
         for tok, pos, seq, want in zip(tokens, positions, seq_ids, want_logits, strict=True):

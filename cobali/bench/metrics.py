@@ -24,12 +24,21 @@ class RequestTiming:
 
 
 def request_timing(request: Request) -> RequestTiming:
-    times = request.token_times
-    arrival = request.arrival_time
+    return timing_from_times(request.arrival_time, request.first_scheduled_time, request.token_times,
+                             request.finish_time)
+
+
+def timing_from_times(arrival: float, first_scheduled: float | None, token_times: Sequence[float],
+                      finish: float | None, n_tokens: int | None = None) -> RequestTiming:
+    """Latencies from raw timestamps (seconds). `n_tokens` is the output length when it exceeds the
+    number of timestamps, as for a streaming client that gets several tokens in one chunk; TPOT then
+    spreads the time after the first token over the real count."""
+    times = token_times
+    n = max(n_tokens or 0, len(times))
     ttft = (times[0] - arrival) * 1e3 if times else None
-    tpot = (times[-1] - times[0]) * 1e3 / (len(times) - 1) if len(times) > 1 else None
-    e2el = (request.finish_time - arrival) * 1e3 if request.finish_time is not None else None
-    queue = (request.first_scheduled_time - arrival) * 1e3 if request.first_scheduled_time is not None else None
+    tpot = (times[-1] - times[0]) * 1e3 / (n - 1) if len(times) > 1 else None
+    e2el = (finish - arrival) * 1e3 if finish is not None else None
+    queue = (first_scheduled - arrival) * 1e3 if first_scheduled is not None else None
     itl = tuple(float(d) * 1e3 for d in np.diff(times)) if len(times) > 1 else ()
     return RequestTiming(ttft, tpot, e2el, queue, itl)
 
@@ -39,7 +48,8 @@ def distribution(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
         return {"mean": None, "p50": None, "p99": None}
     arr = np.asarray(values, dtype=np.float64)
-    return {"mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)), "p99": float(np.percentile(arr, 99))}
+    return {"mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)),
+            "p99": float(np.percentile(arr, 99))}
 
 
 def latency_samples(timings: Iterable[RequestTiming]) -> dict[str, list[float]]:
@@ -54,23 +64,44 @@ def latency_samples(timings: Iterable[RequestTiming]) -> dict[str, list[float]]:
 
 def summarize(requests: Sequence[Request], wall_s: float, user_cpu_s: float) -> dict:
     """The run's summary: counts, throughput and latency distributions (ms)."""
-    prompt = sum(len(r.prompt_tokens) for r in requests)
-    generated = sum(len(r.output_tokens) for r in requests)
-    failed = sum(r.error is not None for r in requests)
-    samples = latency_samples(request_timing(r) for r in requests)
+    return summarize_timings(
+        [request_timing(r) for r in requests],
+        prompt_tokens=sum(len(r.prompt_tokens) for r in requests),
+        generated_tokens=sum(len(r.output_tokens) for r in requests),
+        failed=sum(r.error is not None for r in requests),
+        wall_s=wall_s,
+        user_cpu_s=user_cpu_s,
+    )
+
+
+def summarize_timings(timings: Sequence[RequestTiming], prompt_tokens: int, generated_tokens: int,
+                      failed: int, wall_s: float, user_cpu_s: float) -> dict:
+    """summarize() for timings measured anywhere (in the engine, or by a client over HTTP)."""
+    samples = latency_samples(timings)
     per_s = (lambda x: x / wall_s) if wall_s > 0 else (lambda x: 0.0)
     summary = {
-        "requests": len(requests),
+        "requests": len(timings),
         "failed": failed,
-        "prompt_tokens": prompt,
-        "generated_tokens": generated,
+        "prompt_tokens": prompt_tokens,
+        "generated_tokens": generated_tokens,
         "wall_s": wall_s,
         "user_cpu_s": user_cpu_s,
-        "requests_per_s": per_s(len(requests)),
-        "output_tok_s": per_s(generated),
-        "total_tok_s": per_s(prompt + generated),
+        "requests_per_s": per_s(len(timings)),
+        "output_tok_s": per_s(generated_tokens),
+        "total_tok_s": per_s(prompt_tokens + generated_tokens),
     }
     for name in LATENCIES:
         for stat, value in distribution(samples[name]).items():
             summary[f"{name}_{stat}_ms"] = value
     return summary
+
+
+def percentile_stats(values: Sequence[float], percentiles: Sequence[int] = (50, 75, 90, 95)) -> dict:
+    """count, mean, the given percentiles and max; the values' unit is kept (None stats when empty)."""
+    arr = np.asarray(values, dtype=np.float64)
+    stats: dict[str, float | int | None] = {"count": int(arr.size)}
+    stats["mean"] = float(arr.mean()) if arr.size else None
+    for q in percentiles:
+        stats[f"p{q}"] = float(np.percentile(arr, q)) if arr.size else None
+    stats["max"] = float(arr.max()) if arr.size else None
+    return stats

@@ -15,7 +15,9 @@ from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
 from cobali.engine.request import FinishReason, Request, RequestState
 from cobali.engine.sampling import RowSampler, SamplingParams
-from cobali.engine.scheduler import Plan, Scheduler, admission_for_mode
+from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
+from cobali.engine.queue import WaitQueue
+from cobali.engine.scheduler import Plan, Scheduler
 
 # Called after every sampled token and at finish: (request, text delta). Runs on the engine thread.
 TokenCallback = Callable[[Request, str], None]
@@ -27,10 +29,17 @@ class EngineConfig:
     max_slots: int = 16
     prefill_chunk_tokens: int = 512
     n_batch: int = 512
+    policy: str = "decode-max"
+    kv_admission: str = "optimistic"
+    queue: str = "fifo"
+    prefix_cache: bool = True
     record_ticks: bool = True
 
     def __post_init__(self) -> None:
         admission_for_mode(self.mode, self.prefill_chunk_tokens)
+        batch_policy(self.policy)
+        kv_policy(self.kv_admission)
+        WaitQueue(self.queue)
         if self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.max_slots < 1:
@@ -62,9 +71,11 @@ class Engine:
         self.config = config = config or EngineConfig()
         if config.n_batch > backend.info.n_batch:
             raise ValueError(f"n_batch {config.n_batch} exceeds the backend's {backend.info.n_batch}")
-        self.slots = SlotPool(backend, config.max_slots)
-        admission = admission_for_mode(config.mode, config.prefill_chunk_tokens)
-        self.scheduler = Scheduler(self.slots, admission, config.n_batch)
+        self.slots = SlotPool(backend, config.max_slots, prefix_cache=config.prefix_cache)
+        self.scheduler = Scheduler(
+            self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
+            batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
+        )
         self.sampler = RowSampler(backend)
         self.eog = backend.eog_mask()
         self.requests: dict[int, Request] = {}
@@ -88,7 +99,7 @@ class Engine:
         tokens = self.backend.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise ValueError("prompt is empty")
-        limit = self.backend.info.n_ctx_seq
+        limit = self.slots.accountant.seq_limit
         if len(tokens) >= limit:
             raise ValueError(f"prompt has {len(tokens)} tokens; the context holds {limit} per request")
         n_vocab = self.backend.info.n_vocab
@@ -130,6 +141,7 @@ class Engine:
         self._take_submissions(start)
         plan = self.scheduler.schedule()
         if plan.is_empty:
+            self._fail_unrunnable_head(start)
             return None
         n = self._fill_batch(plan, start)
         decode_start = time.perf_counter()
@@ -137,7 +149,7 @@ class Engine:
             logits = self.backend.decode(self._tokens[:n], self._positions[:n], self._seq_ids[:n], self._want[:n])
         except DecodeError as err:
             decode_end = time.perf_counter()
-            self._fail_plan(plan, str(err), decode_end)
+            self._recover(plan, err, decode_end)
         else:
             decode_end = time.perf_counter()
             self._sample_plan(plan, logits, decode_end)
@@ -158,6 +170,13 @@ class Engine:
             if request is not None and not request.is_finished:
                 self._finish(request, FinishReason.ABORT, now)
 
+    def _fail_unrunnable_head(self, now: float) -> None:
+        """Nothing runs and nothing was admitted: the queue head cannot fit even in an empty KV, and
+        waiting would hang forever."""
+        if self.scheduler.waiting and not self.scheduler.running:
+            head = self.scheduler.waiting[0]
+            self._finish(head, FinishReason.ERROR, now, "the request does not fit in the KV cache")
+
     def _fill_batch(self, plan: Plan, now: float) -> int:
         row = 0
         for chunk in plan.chunks:
@@ -173,9 +192,15 @@ class Engine:
             row = end
         return row
 
-    def _fail_plan(self, plan: Plan, message: str, now: float) -> None:
-        for chunk in plan.chunks:
-            self._finish(self.requests[chunk.request_id], FinishReason.ERROR, now, f"decode failed: {message}")
+    def _recover(self, plan: Plan, err: DecodeError, now: float) -> None:
+        """A full KV pool under optimistic admission preempts the batch's newest request (llama.cpp left
+        the KV as it was, so the rest simply run again next tick); any other failure fails the batch."""
+        in_batch = {c.request_id for c in plan.chunks}
+        if err.no_kv_slot and self.scheduler.kv.preempts and len(in_batch) > 1:
+            self.scheduler.preempt_newest("llama_decode found no KV slot", among=in_batch)
+            return
+        for request_id in in_batch:
+            self._finish(self.requests[request_id], FinishReason.ERROR, now, f"decode failed: {err}")
 
     def _sample_plan(self, plan: Plan, logits: np.ndarray, now: float) -> None:
         picks, row = [], 0
@@ -207,7 +232,7 @@ class Engine:
             return FinishReason.STOP
         if len(request.output_tokens) >= request.params.max_tokens:
             return FinishReason.LENGTH
-        if request.n_context_tokens >= self.backend.info.n_ctx_seq:
+        if request.n_context_tokens >= self.slots.accountant.seq_limit:
             return FinishReason.LENGTH
         return None
 
@@ -216,7 +241,7 @@ class Engine:
         """End a request and free its slot and KV now. Held-back text is final unless a stop string cut it."""
         request.finish(reason, now, error)
         del self.requests[request.id]
-        self.scheduler.remove(request)
+        self.scheduler.remove(request, keep_kv=reason in (FinishReason.STOP, FinishReason.LENGTH))
         self.sampler.forget(request.id)
         stream = self._texts.pop(request.id)
         if flush:

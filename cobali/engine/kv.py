@@ -1,19 +1,103 @@
-"""KV slots: each slot is one backend sequence id; a request holds one while it is in flight."""
+"""KV memory on the host side: slots (backend sequence ids), block accounting, and prefix reuse.
+
+A slot is one backend sequence. With per-sequence streams (llama.cpp's default here) each slot owns
+n_ctx_seq cells and no slot can take another's; with a unified KV all slots draw on one pool of n_ctx
+cells, and the accountant is what keeps the pool from running dry.
+"""
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
-from cobali.backends.base import Backend
+import numpy as np
+
+from cobali.backends.base import Backend, BackendInfo
+
+BLOCK_TOKENS = 16
+
+
+class KvAccountant:
+    """Blocks of BLOCK_TOKENS cells per slot, over the backend's real capacity."""
+
+    def __init__(self, info: BackendInfo, max_slots: int, block_tokens: int = BLOCK_TOKENS) -> None:
+        self.block_tokens = block_tokens
+        self.unified = info.kv_unified
+        cells = info.n_ctx if info.kv_unified else info.n_ctx_seq * max_slots
+        self.total_blocks = cells // block_tokens
+        # Cells one sequence may ever hold: its stream, or as much of the pool as whole blocks cover.
+        self.seq_limit = min(info.n_ctx_seq, self.total_blocks * block_tokens) if self.unified else info.n_ctx_seq
+        self._held: dict[int, int] = {}
+
+    def blocks_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_tokens)
+
+    @property
+    def used_blocks(self) -> int:
+        return sum(self._held.values())
+
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.used_blocks / self.total_blocks if self.total_blocks else 0.0
+
+    def fits_ever(self, n_tokens: int) -> bool:
+        return n_tokens <= self.seq_limit
+
+    def can_hold(self, slot: int | None, n_tokens: int) -> bool:
+        """Could `slot` (None: a slot still to be assigned) hold n_tokens cells?"""
+        if not self.fits_ever(n_tokens):
+            return False
+        if not self.unified:
+            return True  # a stream is the slot's own; fits_ever already said it is big enough
+        held = self._held.get(slot, 0) if slot is not None else 0
+        return self.used_blocks - held + self.blocks_for(n_tokens) <= self.total_blocks
+
+    def hold(self, slot: int, n_tokens: int) -> None:
+        self._held[slot] = self.blocks_for(n_tokens)
+
+    def held_blocks(self, slot: int) -> int:
+        return self._held.get(slot, 0)
+
+    def held_tokens(self, slot: int) -> int:
+        return self.held_blocks(slot) * self.block_tokens
+
+    def drop(self, slot: int) -> None:
+        self._held.pop(slot, None)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    slot: int
+    reused_tokens: int  # prompt tokens already in the slot's KV: prefill starts after them
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
 
 
 class SlotPool:
-    def __init__(self, backend: Backend, max_slots: int) -> None:
+    """Free slots in least-recently-released order. With prefix caching a released slot keeps its KV
+    until it is reused or evicted, and a new request starts from the longest cached prefix it shares."""
+
+    def __init__(self, backend: Backend, max_slots: int, prefix_cache: bool = False,
+                 min_reuse_tokens: int = BLOCK_TOKENS) -> None:
         if not 1 <= max_slots <= backend.info.n_seq_max:
             raise ValueError(f"max_slots must be in [1, {backend.info.n_seq_max}], got {max_slots}")
         self.backend = backend
         self.max_slots = max_slots
+        self.prefix_cache = prefix_cache
+        self.min_reuse_tokens = min_reuse_tokens
+        self.accountant = KvAccountant(backend.info, max_slots)
         self._free: deque[int] = deque(range(max_slots))
+        self._cached: dict[int, np.ndarray] = {}  # free slot -> tokens its KV still holds
+        self.queried_tokens = 0
+        self.hit_tokens = 0
 
     @property
     def n_free(self) -> int:
@@ -26,14 +110,66 @@ class SlotPool:
     def can_assign(self) -> bool:
         return bool(self._free)
 
-    def assign(self) -> int:
-        """Take a free slot with an empty KV sequence."""
-        slot = self._free.popleft()
-        self.backend.remove_seq(slot)
-        return slot
+    @property
+    def cached_blocks(self) -> int:
+        return sum(self.accountant.held_blocks(slot) for slot in self._cached)
 
-    def release(self, slot: int) -> None:
-        """Give a slot back and drop its KV at once, so the cells are free for the next tick."""
+    def assign(self, prompt: list[int] | None = None, sources: dict[int, np.ndarray] | None = None) -> Assignment:
+        """Take a free slot for a request. With prefix caching, start from the longest prefix of `prompt`
+        held by a cached free slot or by a running slot in `sources` (slot -> tokens in its KV)."""
+        assert self._free, "no free slot"
+        if not (self.prefix_cache and prompt):
+            slot = self._free.popleft()
+            self._clear(slot)
+            return Assignment(slot, 0)
+        tokens = np.asarray(prompt, dtype=np.int32)
+        source, reused = self._best_source(tokens, sources or {})
+        self.queried_tokens += len(tokens)
+        if reused < self.min_reuse_tokens:
+            source, reused = None, 0
+        if source is not None and source in self._free:
+            slot = source  # the prefix is already in this very slot: keep it, drop the rest
+            self._free.remove(slot)
+            self.backend.remove_seq(slot, reused, -1)
+        else:
+            slot = self._free.popleft()
+            self._clear(slot)
+            if source is not None:
+                self.backend.copy_seq(source, slot, 0, -1)
+                self.backend.remove_seq(slot, reused, -1)
+        self._cached.pop(slot, None)
+        self.hit_tokens += reused
+        return Assignment(slot, reused)
+
+    def _best_source(self, tokens: np.ndarray, sources: dict[int, np.ndarray]) -> tuple[int | None, int]:
+        best, best_len = None, 0
+        # At least the prompt's last token must be computed, for its logits.
+        for slot, held in [*self._cached.items(), *sources.items()]:
+            n = min(common_prefix(tokens, held), len(tokens) - 1)
+            if n > best_len:
+                best, best_len = slot, n
+        return best, best_len
+
+    def release(self, slot: int, kv_tokens: list[int] | None = None) -> None:
+        """Give a slot back. Without prefix caching (or with nothing worth keeping) its KV is dropped at
+        once; otherwise it stays, to be reused or evicted."""
         assert slot not in self._free, f"slot {slot} released twice"
-        self.backend.remove_seq(slot)
+        if self.prefix_cache and kv_tokens and len(kv_tokens) >= self.min_reuse_tokens:
+            self._cached[slot] = np.asarray(kv_tokens, dtype=np.int32)
+            self.accountant.hold(slot, len(kv_tokens))
+        else:
+            self._clear(slot)
         self._free.append(slot)
+
+    def evict_one(self) -> bool:
+        """Drop the least recently released cached prefix (to free pool cells); False if none is left."""
+        for slot in self._free:
+            if slot in self._cached:
+                self._clear(slot)
+                return True
+        return False
+
+    def _clear(self, slot: int) -> None:
+        self._cached.pop(slot, None)
+        self.accountant.drop(slot)
+        self.backend.remove_seq(slot)

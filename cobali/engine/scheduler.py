@@ -1,19 +1,28 @@
 """One plan per tick: which requests feed which tokens, in which batch rows.
 
-Decode rows come first (one token per generating request), then prefill chunks of requests already in
-flight, then newly admitted requests, until the token budget or the slots run out. Modes differ only in
-their admission policy and chunk size.
+The scheduler owns the waiting queue and the running list. Each tick it first makes sure every
+generating request has KV for its next token (preempting the newest request if the pool ran dry),
+then lets the batch policy fill the token budget with decode rows and prefill chunks, admitting
+waiting requests into free slots as the mode's admission policy allows.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+
+import numpy as np
 
 from cobali.engine.kv import SlotPool
+from cobali.engine.policies import AdmissionPolicy, BatchPolicy, DecodeMax, KvPolicy, OptimisticKv, ReserveKv
+from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
+
+log = logging.getLogger("cobali.scheduler")
+
+BACKOFF_WINDOW_TICKS = 64
 
 
 class ChunkKind(enum.Enum):
@@ -41,7 +50,8 @@ class Plan:
     tick: int
     chunks: tuple[Chunk, ...]
     admitted: tuple[int, ...] = ()
-    wasted_slots: int = 0  # free slots that a waiting request could not take this tick
+    wasted_slots: int = 0  # free slots the admission policy kept from waiting requests this tick
+    preempted: tuple[int, ...] = ()
 
     @property
     def n_tokens(self) -> int:
@@ -66,136 +76,184 @@ class Plan:
         return f"{self.n_decode} decode + {len(prefills)} prefill{detail} = {self.n_tokens} tok"
 
 
-class AdmissionPolicy(Protocol):
-    """How many new requests may enter this tick, and how long a prefill chunk may be."""
-
-    name: str
-    # Continuous admission only takes a request it can feed this tick; cohort modes take the whole
-    # cohort at once and prefill it over the following ticks.
-    admits_only_with_budget: bool
-
-    def admit_limit(self, n_running: int, n_free_slots: int) -> int: ...
-
-    def chunk_tokens(self, n_batch: int) -> int: ...
-
-
-@dataclass(frozen=True)
-class SequentialAdmission:
-    name: str = "seq"
-    admits_only_with_budget: bool = False
-
-    def admit_limit(self, n_running: int, n_free_slots: int) -> int:
-        return 1 if n_running == 0 else 0
-
-    def chunk_tokens(self, n_batch: int) -> int:
-        return n_batch
-
-
-@dataclass(frozen=True)
-class StaticAdmission:
-    """Request-level batching: a cohort enters together and the next waits until the whole cohort ends."""
-
-    name: str = "static"
-    admits_only_with_budget: bool = False
-
-    def admit_limit(self, n_running: int, n_free_slots: int) -> int:
-        return n_free_slots if n_running == 0 else 0
-
-    def chunk_tokens(self, n_batch: int) -> int:
-        return n_batch
-
-
-@dataclass(frozen=True)
-class ContinuousAdmission:
-    prefill_chunk_tokens: int = 512
-    name: str = "cont"
-    admits_only_with_budget: bool = True
-
-    def admit_limit(self, n_running: int, n_free_slots: int) -> int:
-        return n_free_slots
-
-    def chunk_tokens(self, n_batch: int) -> int:
-        return min(self.prefill_chunk_tokens, n_batch)
-
-
-def admission_for_mode(mode: str, prefill_chunk_tokens: int) -> AdmissionPolicy:
-    if mode == "seq":
-        return SequentialAdmission()
-    if mode == "static":
-        return StaticAdmission()
-    if mode == "cont":
-        return ContinuousAdmission(prefill_chunk_tokens)
-    raise ValueError(f"unknown mode {mode!r}: expected seq, static or cont")
-
-
 class Scheduler:
-    def __init__(self, slots: SlotPool, admission: AdmissionPolicy, n_batch: int) -> None:
+    def __init__(self, slots: SlotPool, admission: AdmissionPolicy, n_batch: int,
+                 batch: BatchPolicy | None = None, kv: KvPolicy | None = None,
+                 queue: WaitQueue | None = None) -> None:
         if n_batch < slots.max_slots:
             raise ValueError(f"n_batch ({n_batch}) must be >= max_slots ({slots.max_slots}) so decodes fit")
         self.slots = slots
+        self.accountant = slots.accountant
         self.admission = admission
         self.n_batch = n_batch
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # in admission order
+        self.batch = batch or DecodeMax()
+        self.kv = kv or OptimisticKv()
+        self.waiting = queue or WaitQueue()
+        self.running: list[Request] = []  # in admission order: the newest is preempted first
         self.tick = 0
+        self.preemptions = 0
+        self._recent_preemptions: deque[int] = deque()
 
     def add(self, request: Request) -> None:
         assert request.state is RequestState.PENDING
-        self.waiting.append(request)
+        self.waiting.push(request)
 
-    def remove(self, request: Request) -> None:
-        """Take a request out of the queues and give back its slot (on finish or abort)."""
+    def remove(self, request: Request, keep_kv: bool = False) -> None:
+        """Take a request out of the queues and give back its slot; keep_kv leaves its KV as a cached prefix."""
         if request in self.waiting:
             self.waiting.remove(request)
         if request in self.running:
             self.running.remove(request)
         if request.slot is not None:
-            self.slots.release(request.slot)
+            kv_tokens = request.all_tokens[: request.prefill_cursor] if keep_kv else None
+            self.slots.release(request.slot, kv_tokens)
             request.slot = None
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # ---- preemption ------------------------------------------------------------------------------
+
+    def preempt_newest(self, reason: str, among: set[int] | None = None) -> Request | None:
+        """Free the newest running request's KV and put it at the front of the queue, tokens kept."""
+        candidates = [r for r in self.running if among is None or r.id in among]
+        if not candidates:
+            return None
+        victim = candidates[-1]
+        self.remove(victim)
+        victim.prefill_cursor = 0
+        victim.transition(RequestState.PENDING)
+        self.waiting.push(victim, front=True)
+        self.preemptions += 1
+        self._recent_preemptions.append(self.tick)
+        log.info("preempted request %d (%s): %d tokens to recompute", victim.id, reason, victim.n_context_tokens)
+        return victim
+
+    def _grow_decodes(self) -> list[int]:
+        """Give every generating request KV for its next token; preempt newest-first when none is left."""
+        preempted: list[int] = []
+        for request in list(self.running):
+            if request.state is not RequestState.DECODE or request.slot is None:
+                continue
+            need = request.n_context_tokens
+            if need <= self.accountant.held_tokens(request.slot):
+                continue
+            while not self.accountant.can_hold(request.slot, need) and not self.slots.evict_one():
+                victim = self.preempt_newest("KV pool full") if self.kv.preempts else None
+                if victim is None:
+                    break
+                preempted.append(victim.id)
+                if victim is request:
+                    break
+            if request.slot is not None:
+                self.accountant.hold(request.slot, need)
+        return preempted
+
+    def _backing_off(self) -> bool:
+        """While preemptions are frequent, admit only what can run to completion (stops the cascade)."""
+        while self._recent_preemptions and self._recent_preemptions[0] < self.tick - BACKOFF_WINDOW_TICKS:
+            self._recent_preemptions.popleft()
+        if not self._recent_preemptions:
+            return False
+        window = min(BACKOFF_WINDOW_TICKS, 4 * len(self._recent_preemptions))
+        return self.tick - self._recent_preemptions[-1] <= window
+
+    # ---- the plan --------------------------------------------------------------------------------
+
     def schedule(self) -> Plan:
-        budget = self.n_batch
-        chunks: list[Chunk] = []
-        for request in self.running:
-            if request.state is RequestState.DECODE:
-                chunks.append(self._chunk(request, 1, ChunkKind.DECODE))
-                budget -= 1
-        chunk_tokens = self.admission.chunk_tokens(self.n_batch)
-        for request in self.running:
-            if request.state is RequestState.PREFILL and budget > 0:
-                n = min(request.uncached_tokens, chunk_tokens, budget)
-                chunks.append(self._chunk(request, n, ChunkKind.PREFILL))
-                budget -= n
-        admitted = self._admit(chunks, budget, chunk_tokens)
-        wasted = min(self.slots.n_free, len(self.waiting))
         self.tick += 1
-        return Plan(self.tick, tuple(chunks), tuple(admitted), wasted)
+        preempted = self._grow_decodes()
+        fit_policy = ReserveKv() if self._backing_off() else self.kv
+        tick = TickBuilder(self, may_admit=not preempted, fit_policy=fit_policy)
+        self.batch.compose(tick)
+        # Slots the admission policy kept shut while requests waited (the static convoy); slots left
+        # free only because this tick's token budget or KV ran out are not waste.
+        wasted = max(0, min(self.slots.n_free, len(self.waiting)) - tick.allowance)
+        return Plan(self.tick, tuple(tick.chunks), tuple(tick.admitted), wasted, tuple(preempted))
 
-    def _admit(self, chunks: list[Chunk], budget: int, chunk_tokens: int) -> list[int]:
-        admitted: list[int] = []
-        limit = self.admission.admit_limit(len(self.running), self.slots.n_free)
-        while self.waiting and len(admitted) < limit and self.slots.can_assign():
-            if self.admission.admits_only_with_budget and budget <= 0:
+
+class TickBuilder:
+    """One tick's batch under construction; the batch policy decides the order of its steps."""
+
+    def __init__(self, scheduler: Scheduler, may_admit: bool, fit_policy: KvPolicy) -> None:
+        self.s = scheduler
+        self.budget = scheduler.n_batch
+        self.may_admit = may_admit
+        self.fit_policy = fit_policy
+        self.chunks: list[Chunk] = []
+        self.admitted: list[int] = []
+        self.allowance = 0
+        self.chunk_tokens = scheduler.admission.chunk_tokens(scheduler.n_batch)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def has_prefill_work(self) -> bool:
+        prefilling = any(r.state is RequestState.PREFILL for r in self.s.running)
+        return prefilling or bool(self.s.waiting and self.s.slots.can_assign())
+
+    def add_decodes(self, limit: int | None = None) -> None:
+        decoding = [r for r in self.s.running if r.state is RequestState.DECODE]
+        if limit is not None and len(decoding) > limit:
+            # Rotate which requests wait, so a capped decode set starves nobody.
+            start = self.s.tick % len(decoding)
+            decoding = (decoding[start:] + decoding[:start])[:limit]
+        for request in decoding:
+            self._add(request, 1, ChunkKind.DECODE)
+
+    def add_prefills(self) -> None:
+        for request in self.s.running:
+            if request.state is RequestState.PREFILL and self.budget > 0:
+                self._add(request, min(request.uncached_tokens, self.chunk_tokens, self.budget), ChunkKind.PREFILL)
+        self._admit()
+
+    def _admit(self) -> None:
+        s = self.s
+        limit = s.admission.admit_limit(len(s.running), s.slots.n_free)
+        while self.may_admit and len(self.admitted) < limit and s.slots.can_assign():
+            if s.admission.admits_only_with_budget and self.budget <= 0:
                 break
-            request = self.waiting.popleft()
-            request.slot = self.slots.assign()
-            request.transition(RequestState.PREFILL)
-            self.running.append(request)
-            admitted.append(request.id)
-            n = min(request.uncached_tokens, chunk_tokens, budget)
+            request = s.waiting.pop_admissible(self._fits)
+            if request is None:
+                break
+            self._assign(request)
+            n = min(request.uncached_tokens, self.chunk_tokens, self.budget)
             if n > 0:
-                chunks.append(self._chunk(request, n, ChunkKind.PREFILL))
-                budget -= n
-        return admitted
+                self._add(request, n, ChunkKind.PREFILL)
+        self.allowance = limit - len(self.admitted)
 
-    @staticmethod
-    def _chunk(request: Request, n: int, kind: ChunkKind) -> Chunk:
+    def _fits(self, request: Request) -> bool:
+        acc = self.s.accountant
+        need = self.fit_policy.tokens_to_admit(request, acc.seq_limit)
+        if acc.can_hold(None, need):
+            return True
+        # Cached prefixes in free slots give their cells back when evicted.
+        return acc.unified and acc.blocks_for(need) <= acc.free_blocks + self.s.slots.cached_blocks
+
+    def _assign(self, request: Request) -> None:
+        s = self.s
+        need = self.fit_policy.tokens_to_admit(request, s.accountant.seq_limit)
+        while not s.accountant.can_hold(None, need) and s.slots.evict_one():
+            pass
+        sources = None
+        if s.slots.prefix_cache:
+            sources = {r.slot: np.asarray(r.all_tokens[: r.prefill_cursor], dtype=np.int32)
+                       for r in s.running if r.slot is not None and r.id not in self.admitted}
+        assignment = s.slots.assign(request.all_tokens, sources)
+        request.slot = assignment.slot
+        request.prefill_cursor = assignment.reused_tokens
+        s.accountant.hold(assignment.slot, need)
+        request.transition(RequestState.PREFILL)
+        s.running.append(request)
+        self.admitted.append(request.id)
+
+    def _add(self, request: Request, n: int, kind: ChunkKind) -> None:
         assert request.slot is not None and n > 0
-        return Chunk(
+        self.chunks.append(Chunk(
             request_id=request.id, slot=request.slot, kind=kind, start=request.prefill_cursor,
             n_tokens=n, of=request.n_context_tokens, samples=n == request.uncached_tokens,
-        )
+        ))
+        self.budget -= n

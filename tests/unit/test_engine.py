@@ -75,11 +75,21 @@ def test_failed_decode_fails_that_batch_only_and_engine_keeps_serving() -> None:
     assert c.finish_reason is FinishReason.LENGTH
 
 
-def test_no_kv_slot_fails_the_batch() -> None:
-    engine = make_engine(kv_unified=True, n_ctx_seq=30)
-    runs = engine.generate([list(range(1, 21)), list(range(1, 21))], SamplingParams(max_tokens=2))
-    assert {r.state for r in runs} == {RequestState.FAILED}
-    assert "no KV slot" in runs[0].error
+def test_no_kv_slot_preempts_the_newest_and_outputs_are_unchanged() -> None:
+    prompts = [list(range(1, 21)), list(range(2, 22))]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    clean = make_engine().generate(prompts, params)
+    engine = make_engine(fail_on_calls={2}, fail_code=1)
+    runs = engine.generate(prompts, params)
+    assert engine.scheduler.preemptions == 1
+    assert [r.output_tokens for r in runs] == [r.output_tokens for r in clean]
+    assert all(r.finish_reason is FinishReason.LENGTH for r in runs)
+
+
+def test_no_kv_slot_for_a_lone_request_fails_it() -> None:
+    engine = make_engine(fail_on_calls={0}, fail_code=1)
+    (r,) = engine.generate(["alone"], SamplingParams(max_tokens=3))
+    assert r.state is RequestState.FAILED and "no KV slot" in r.error
 
 
 def test_abort_frees_slot_and_kv_at_the_next_tick() -> None:

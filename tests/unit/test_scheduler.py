@@ -131,3 +131,11 @@ def test_all_modes_produce_identical_greedy_outputs() -> None:
         outputs[mode] = [r.output_tokens for r in engine.generate(prompts, SamplingParams(max_tokens=12))]
     assert outputs["seq"] == outputs["static"] == outputs["cont"]
     assert any(len(o) == 12 for o in outputs["seq"])
+
+
+def test_cont_reports_no_wasted_slots_when_only_the_budget_is_short() -> None:
+    engine = make_engine(chunk=256, n_batch=300)
+    for seed in range(3):
+        engine.add_request(prompt(200, seed), params(1))
+    engine.run_until_done()
+    assert [t.plan.wasted_slots for t in engine.ticks] == [0] * len(engine.ticks)

@@ -1,0 +1,154 @@
+"""Engine configurations to compare, sweep grids, and running a workload through each (closed or open
+loop)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from cobali.backends.base import Backend
+from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.request import Request
+from cobali.engine.sampling import SamplingParams
+from cobali.runner import RunResult, run_workload, user_cpu_seconds
+from cobali.workloads import WorkItem
+
+_SPLIT = re.compile(r"cont-split(\d+)")
+# --sweep knob -> (BenchConfig field, short label for config names)
+SWEEP_KNOBS = {"max-slots": ("max_slots", "slots"), "prefill-chunk-tokens": ("prefill_chunk_tokens", "split")}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    mode: str
+    max_slots: int
+    prefill_chunk_tokens: int
+    knobs: dict[str, int] = field(default_factory=dict, hash=False)  # swept values, for plots
+
+    def engine_config(self, n_batch: int) -> EngineConfig:
+        return EngineConfig(mode=self.mode, max_slots=self.max_slots,
+                            prefill_chunk_tokens=self.prefill_chunk_tokens, n_batch=n_batch)
+
+
+def parse_config(name: str, max_slots: int, prefill_chunk_tokens: int) -> BenchConfig:
+    if name in ("seq", "static", "cont"):
+        return BenchConfig(name, name, max_slots, prefill_chunk_tokens)
+    match = _SPLIT.fullmatch(name)
+    if match and int(match[1]) >= 1:
+        return BenchConfig(name, "cont", max_slots, int(match[1]))
+    raise ValueError(f"unknown config {name!r}: expected seq, static, cont or cont-splitN "
+                     "(e.g. cont-split256)")
+
+
+def parse_configs(text: str, max_slots: int, prefill_chunk_tokens: int) -> list[BenchConfig]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--configs {text!r}: no config names")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"--configs {text!r}: {', '.join(duplicates)} given twice")
+    return [parse_config(n, max_slots, prefill_chunk_tokens) for n in names]
+
+
+def parse_sweep(text: str) -> tuple[str, list[int]]:
+    """`max-slots=4,8,16` -> ("max-slots", [4, 8, 16])."""
+    knob, sep, values = text.partition("=")
+    if not sep or knob not in SWEEP_KNOBS:
+        knobs = ", ".join(SWEEP_KNOBS)
+        raise ValueError(f"--sweep {text!r}: expected KNOB=V1,V2,... with KNOB one of {knobs}")
+    try:
+        numbers = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep {text!r}: values must be integers") from None
+    if not numbers or min(numbers) < 1:
+        raise ValueError(f"--sweep {text!r}: values must be positive integers")
+    return knob, sorted(set(numbers))
+
+
+def sweep_configs(sweeps: Sequence[str], max_slots: int, prefill_chunk_tokens: int) -> list[BenchConfig]:
+    """The grid over every --sweep knob, in cont mode; knobs not swept keep their flag values."""
+    parsed = [parse_sweep(s) for s in sweeps]
+    knobs = [k for k, _ in parsed]
+    if len(set(knobs)) != len(knobs):
+        raise ValueError(f"--sweep: a knob is given twice ({', '.join(knobs)})")
+    configs = []
+    for values in itertools.product(*(v for _, v in parsed)):
+        chosen = dict(zip(knobs, values, strict=True))
+        fields = {"max_slots": max_slots, "prefill_chunk_tokens": prefill_chunk_tokens}
+        fields.update({SWEEP_KNOBS[k][0]: v for k, v in chosen.items()})
+        name = "cont-" + "-".join(f"{SWEEP_KNOBS[k][1]}{v}" for k, v in chosen.items())
+        configs.append(BenchConfig(name, "cont", knobs=chosen, **fields))
+    return configs
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    max_new: int = 64
+    ignore_eos: bool = False
+    request_rate: float = float("inf")  # inf: every request arrives at the start (offline)
+    arrival_offsets: tuple[float, ...] = ()  # per request, seconds after the start; used when rate is finite
+
+
+@dataclass
+class BenchRun:
+    config: BenchConfig
+    result: RunResult
+    idle_after: frozenset[int] = frozenset()  # ticks after which the engine slept waiting for an arrival
+
+
+def run_configs(backend: Backend, configs: Sequence[BenchConfig], items: Sequence[WorkItem], n_batch: int,
+                load: LoadOptions) -> list[BenchRun]:
+    """Each config on the same backend, one after the other. Engines are all built first so a bad config
+    fails before any run; each one's SlotPool clears a slot's KV when it hands the slot out."""
+    engines = [Engine(backend, c.engine_config(n_batch)) for c in configs]
+    runs = []
+    for config, engine in zip(configs, engines, strict=True):
+        if np.isinf(load.request_rate):
+            result = run_workload(engine, items, load.max_new, load.ignore_eos, progress=config.name)
+            runs.append(BenchRun(config, result))
+        else:
+            result, idle = run_open_loop(engine, items, load, progress=config.name)
+            runs.append(BenchRun(config, result, idle))
+    return runs
+
+
+def run_open_loop(engine: Engine, items: Sequence[WorkItem], load: LoadOptions,
+                  progress: str | None = None) -> tuple[RunResult, frozenset[int]]:
+    """Submit each request when its arrival time passes, stepping the engine in between, so TTFT includes
+    the time a request queues behind the ones already running."""
+    cpu0, wall0 = user_cpu_seconds(), time.perf_counter()
+    arrivals = [wall0 + t for t in load.arrival_offsets]
+    requests: list[Request] = []
+    pending: list[Request] = []
+    idle_after: set[int] = set()
+    bar = tqdm(total=len(items), desc=progress, unit="req", leave=False, disable=progress is None)
+    try:
+        while len(requests) < len(items) or engine.has_work:
+            now = time.perf_counter()
+            while len(requests) < len(items) and arrivals[len(requests)] <= now:
+                item = items[len(requests)]
+                max_tokens = item.max_tokens or load.max_new
+                params = SamplingParams(max_tokens=max_tokens, ignore_eos=load.ignore_eos)
+                request = engine.submit(item.prompt, params, arrival_time=arrivals[len(requests)])
+                requests.append(request)
+                pending.append(request)
+            if engine.has_work:
+                engine.step()
+            elif len(requests) < len(items):
+                # Nothing to run: the host gap until the next tick is waiting, not overhead.
+                idle_after.add(len(engine.ticks) - 1)
+                time.sleep(max(0.0, arrivals[len(requests)] - time.perf_counter()))
+            still = [r for r in pending if not r.is_finished]
+            bar.update(len(pending) - len(still))
+            pending = still
+    finally:
+        bar.close()
+    wall = time.perf_counter() - wall0
+    return RunResult(requests, wall, user_cpu_seconds() - cpu0, list(engine.ticks)), frozenset(idle_after)

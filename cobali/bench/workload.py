@@ -1,0 +1,74 @@
+"""What a benchmark feeds the engine: prompts files, named scenarios, random token prompts, arrival times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cobali.workloads import WorkItem, load_workload
+
+# The repo's workloads/ folder; a bare scenario name resolves against it (then against ./workloads).
+WORKLOADS_DIRS = (Path(__file__).resolve().parents[2] / "workloads", Path("workloads"))
+
+
+def resolve_prompts(spec: str) -> Path:
+    """A path as given, or a scenario name such as `mixed_length` -> workloads/mixed_length.json."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    if path.suffix == "" and len(path.parts) == 1:
+        for folder in WORKLOADS_DIRS:
+            candidate = folder / f"{spec}.json"
+            if candidate.is_file():
+                return candidate
+        known = ", ".join(sorted({p.stem for d in WORKLOADS_DIRS if d.is_dir() for p in d.glob("*.json")}))
+        raise ValueError(f"--prompts {spec!r}: no such file or scenario (scenarios: {known or 'none'})")
+    raise ValueError(f"--prompts {spec!r}: no such file")
+
+
+def load_items(spec: str, num_prompts: int | None = None) -> list[WorkItem]:
+    items = load_workload(resolve_prompts(spec))
+    return items[:num_prompts] if num_prompts else items
+
+
+def random_items(num_prompts: int, input_len: int, output_len: int, range_ratio: float, n_vocab: int,
+                 seed: int = 0) -> list[WorkItem]:
+    """Token-id prompts with lengths uniform in [len*(1-r), len*(1+r)], as vLLM's random dataset draws them.
+
+    Ids avoid both ends of the vocabulary, where special and control tokens usually sit."""
+    if not 0 <= range_ratio < 1:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
+    rng = np.random.default_rng(seed)
+    margin = min(100, n_vocab // 4)
+    low, high = margin, max(margin + 1, n_vocab - margin)
+    in_lens = _lengths(rng, num_prompts, input_len, range_ratio)
+    out_lens = _lengths(rng, num_prompts, output_len, range_ratio)
+    # WorkItem.prompt is typed str, but the engine takes token ids just as well.
+    return [WorkItem(rng.integers(low, high, size=n).tolist(), int(m))  # type: ignore[arg-type]
+            for n, m in zip(in_lens, out_lens, strict=True)]
+
+
+def _lengths(rng: np.random.Generator, count: int, mean: int, range_ratio: float) -> np.ndarray:
+    low = max(1, int(mean * (1 - range_ratio)))
+    high = max(low, int(mean * (1 + range_ratio)))
+    return rng.integers(low, high + 1, size=count)
+
+
+def inter_arrivals(count: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Gaps between arrivals (s): gamma with shape `burstiness` and mean 1/rate, so burstiness 1 is a
+    Poisson process, < 1 burstier, > 1 more regular (vLLM's definition)."""
+    if rate <= 0:
+        raise ValueError(f"--request-rate must be > 0, got {rate}")
+    if burstiness <= 0:
+        raise ValueError(f"--burstiness must be > 0, got {burstiness}")
+    if np.isinf(rate):
+        return np.zeros(count)
+    rng = np.random.default_rng(seed)
+    return rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=count)
+
+
+def arrival_offsets(count: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Arrival time of each request after the start (s); the first arrives at once."""
+    gaps = inter_arrivals(count, rate, burstiness, seed)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if count else gaps

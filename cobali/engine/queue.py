@@ -1,0 +1,68 @@
+"""The waiting queue: FIFO or by priority, preempted requests first, bounded head-of-line bypass."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+from cobali.engine.request import Request
+
+QUEUE_ORDERS = ("fifo", "priority")
+
+
+class WaitQueue:
+    """Requests waiting for a slot.
+
+    Order: preempted requests (they already streamed tokens) first, then by priority (lower value
+    first, only with order="priority"), then by arrival. When the head does not fit in KV, a later
+    request that fits may go ahead of it, but the head is passed over at most `max_bypass` times
+    (its aging bound); after that nothing is admitted until the head fits.
+    """
+
+    def __init__(self, order: str = "fifo", max_bypass: int = 8) -> None:
+        if order not in QUEUE_ORDERS:
+            raise ValueError(f"unknown queue order {order!r}: expected one of {', '.join(QUEUE_ORDERS)}")
+        self.order = order
+        self.max_bypass = max_bypass
+        self._items: list[tuple[tuple[int, int, int], Request]] = []
+        self._seq = itertools.count()
+        self._bypassed: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (request for _, request in self._items)
+
+    def __getitem__(self, index: int) -> Request:
+        return self._items[index][1]
+
+    def __contains__(self, request: object) -> bool:
+        return any(r is request for _, r in self._items)
+
+    def push(self, request: Request, front: bool = False) -> None:
+        priority = request.priority if self.order == "priority" else 0
+        key = (0 if front else 1, priority, -next(self._seq) if front else next(self._seq))
+        self._items.append((key, request))
+        self._items.sort(key=lambda item: item[0])
+
+    def remove(self, request: Request) -> None:
+        self._items = [item for item in self._items if item[1] is not request]
+        self._bypassed.pop(request.id, None)
+
+    def pop_admissible(self, fits: Callable[[Request], bool]) -> Request | None:
+        """The first request that fits, unless the head has been bypassed too often; None otherwise."""
+        if not self._items:
+            return None
+        head = self._items[0][1]
+        if fits(head):
+            self.remove(head)
+            return head
+        if self._bypassed.get(head.id, 0) >= self.max_bypass:
+            return None
+        for _, request in self._items[1:]:
+            if fits(request):
+                self._bypassed[head.id] = self._bypassed.get(head.id, 0) + 1
+                self.remove(request)
+                return request
+        return None

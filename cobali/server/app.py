@@ -1,0 +1,116 @@
+"""The FastAPI app: lifespan around the engine thread, auth, and the operational routes."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from cobali.engine.engine import Engine
+from cobali.server import openai_routes
+from cobali.server.engine_thread import EngineThread, EngineUnavailable, QueueFull
+from cobali.server.errors import APIError, install_error_handlers, unavailable
+from cobali.server.metrics import ServerMetrics
+from cobali.server.state import ServerContext
+
+ops = APIRouter()
+
+
+def require_api_key(http: Request) -> None:
+    """Bearer auth for /v1/* and /slots; /health and /metrics stay open for probes and scrapers."""
+    key = http.app.state.server.api_key
+    if key is None:
+        return
+    scheme, _, token = http.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
+        raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                       "authentication_error", code="invalid_api_key")
+
+
+def _context(http: Request) -> ServerContext:
+    return http.app.state.server
+
+
+@ops.get("/health")
+async def health(http: Request) -> JSONResponse:
+    try:
+        _context(http).engine_thread.require_engine()
+    except EngineUnavailable as err:  # loading, failed or draining: take this replica out of rotation
+        return unavailable(str(err)).response()
+    return JSONResponse({"status": "ok"})
+
+
+@ops.get("/metrics")
+async def metrics(http: Request) -> Response:
+    return Response(_context(http).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@ops.get("/v1/models", dependencies=[Depends(require_api_key)])
+async def models(http: Request) -> dict:
+    server = _context(http)
+    engine = server.engine_thread.engine
+    card = {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "cobali"}
+    if engine is not None:
+        card["max_model_len"] = engine.backend.info.n_ctx_seq
+    return {"object": "list", "data": [card]}
+
+
+@ops.get("/slots", dependencies=[Depends(require_api_key)])
+async def slots(http: Request) -> list[dict]:
+    return slot_table(_context(http).engine_thread.require_engine())
+
+
+def slot_table(engine: Engine) -> list[dict]:
+    """Read from the event loop while the engine ticks: a snapshot, each row consistent enough to show."""
+    by_slot = {r.slot: r for r in list(engine.scheduler.running) if r.slot is not None}
+    rows = []
+    for slot in range(engine.config.max_slots):
+        request = by_slot.get(slot)
+        rows.append({
+            "id": slot,
+            "is_processing": request is not None,
+            "request_id": request.id if request else None,
+            "state": request.state.value if request else "idle",
+            "n_prompt_tokens": len(request.prompt_tokens) if request else 0,
+            "n_decoded": len(request.output_tokens) if request else 0,
+            "n_ctx_used": request.prefill_cursor if request else 0,
+        })
+    return rows
+
+
+def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue: int | None = None,
+               api_key: str | None = None) -> FastAPI:
+    """The app and its engine thread, which builds the engine with `engine_factory` (loading the model).
+
+    The thread starts with the app, so /health answers 503 while the model loads, and stops with it.
+    """
+    metrics = ServerMetrics()
+    engine_thread = EngineThread(engine_factory, max_queue=max_queue, observer=metrics)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        engine_thread.start()
+        yield
+        await asyncio.to_thread(engine_thread.stop)  # joining must not block the loop it reports to
+
+    app = FastAPI(title="cobali", lifespan=lifespan)
+    app.state.server = ServerContext(engine_thread, metrics, model_name, api_key, created=int(time.time()))
+    install_error_handlers(app)
+
+    @app.exception_handler(EngineUnavailable)
+    async def _unavailable(_http: Request, err: EngineUnavailable) -> JSONResponse:
+        return unavailable(str(err)).response()
+
+    @app.exception_handler(QueueFull)
+    async def _queue_full(_http: Request, err: QueueFull) -> JSONResponse:
+        return APIError(429, str(err), "rate_limit_error", code="queue_full").response()
+
+    app.include_router(ops)
+    app.include_router(openai_routes.router, dependencies=[Depends(require_api_key)])
+    return app

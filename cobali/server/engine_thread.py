@@ -1,0 +1,236 @@
+"""The engine on a thread of its own, fed by the asyncio server.
+
+The thread loads the model, then ticks while there is work and sleeps on an Event when idle. HTTP handlers
+submit from the event loop (Engine.add_request is thread-safe); the engine's per-token callbacks hop back
+onto the loop with call_soon_threadsafe into one asyncio.Queue per HTTP request. If the thread dies, every
+pending request is told so, and the server reports unhealthy instead of leaving clients hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple, Protocol
+
+from cobali.engine.engine import Engine
+from cobali.engine.request import FinishReason, Request
+from cobali.engine.sampling import SamplingParams
+
+log = logging.getLogger("cobali.server")
+
+
+class EngineState(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"  # shutting down: in-flight requests finish, new ones are refused
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class EngineUnavailable(Exception):
+    """The engine cannot take or finish this request (loading, failed, shutting down)."""
+
+
+class QueueFull(Exception):
+    """More requests in flight than the slots plus the --max-queue limit."""
+
+
+class Observer(Protocol):
+    """Metrics and logging hooks; request_finished runs on the engine thread."""
+
+    def attach(self, engine: Engine) -> None: ...
+
+    def request_finished(self, request: Request) -> None: ...
+
+
+class Delta(NamedTuple):
+    index: int  # which request of the generation
+    text: str
+    finished: bool
+
+
+@dataclass
+class Failure:
+    message: str
+
+
+@dataclass(eq=False)  # identity semantics: generations go in sets
+class Generation:
+    """The engine requests behind one HTTP request (n choices), all reporting into one queue."""
+
+    loop: asyncio.AbstractEventLoop
+    owner: EngineThread
+    requests: list[Request] = field(default_factory=list)
+    queue: asyncio.Queue[Delta | Failure] = field(default_factory=asyncio.Queue)
+
+    def push(self, item: Delta | Failure) -> None:
+        """Called from the engine thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.abort()
+
+    def abort(self) -> None:
+        """End every unfinished request at the next tick; safe from any thread, a no-op once finished."""
+        for request in self.requests:
+            if not request.is_finished:
+                self.owner.abort(request.id)
+
+    async def events(self) -> AsyncIterator[Delta]:
+        """Text deltas until every request has finished. Raises EngineUnavailable if the engine failed."""
+        remaining = len(self.requests)
+        while remaining:
+            item = await self.queue.get()
+            if isinstance(item, Failure):
+                raise EngineUnavailable(item.message)
+            if item.finished:
+                remaining -= 1
+                request = self.requests[item.index]
+                if request.finish_reason is FinishReason.ERROR:
+                    raise EngineUnavailable(f"generation failed: {request.error}")
+                if request.finish_reason is FinishReason.ABORT:  # shutdown (or a client already gone)
+                    raise EngineUnavailable("the request was aborted: the server is shutting down")
+            yield item
+
+
+class EngineThread:
+    def __init__(self, factory: Callable[[], Engine], max_queue: int | None = None,
+                 observer: Observer | None = None, idle_wait_s: float = 0.5) -> None:
+        self._factory = factory
+        self.max_queue = max_queue
+        self.observer = observer
+        self.idle_wait_s = idle_wait_s  # only bounds how late a missed wake-up could be noticed
+        self.engine: Engine | None = None
+        self.state = EngineState.LOADING
+        self.error: str | None = None
+        self.on_load_failed: Callable[[str], None] | None = None
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # guards _live between the loop thread and the engine thread
+        self._live: dict[int, Generation] = {}
+        self._abort_at: float | None = None  # end of the drain's grace period
+        self._thread = threading.Thread(target=self._run, name="cobali-engine", daemon=True)
+
+    # ---- lifecycle (event-loop side) ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def drain(self, grace_s: float | None = None) -> None:
+        """Refuse new requests; abort those still running after grace_s (None: let them finish)."""
+        if self.state in (EngineState.LOADING, EngineState.READY):
+            self.state = EngineState.DRAINING
+        if grace_s is not None:
+            self._abort_at = time.monotonic() + grace_s
+            self._wake.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Abort what is left, end the thread. In-flight work should have been drained before this."""
+        if self.state is not EngineState.FAILED:
+            self.state = EngineState.STOPPED
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def require_engine(self) -> Engine:
+        if self.state is EngineState.READY and self.engine is not None:
+            return self.engine
+        if self.state is EngineState.LOADING:
+            raise EngineUnavailable("the model is loading")
+        if self.state is EngineState.FAILED:
+            raise EngineUnavailable(f"the engine failed: {self.error}")
+        raise EngineUnavailable("the server is shutting down")
+
+    def submit(self, prompts: list[tuple[list[int], SamplingParams]]) -> Generation:
+        """Queue one engine request per (prompt tokens, params), all or none. Call from the event loop."""
+        generation = Generation(asyncio.get_running_loop(), self)
+        with self._lock:
+            engine = self.require_engine()
+            if self.max_queue is not None:
+                # Everything beyond the slots is waiting, so this bounds the queue without reading it.
+                capacity = engine.config.max_slots + self.max_queue
+                if len(self._live) + len(prompts) > capacity:
+                    raise QueueFull(f"the server is busy: {len(self._live)} requests in flight, "
+                                    f"{engine.config.max_slots} slots, queue limit {self.max_queue}")
+            arrival = time.perf_counter()
+            for index, (tokens, params) in enumerate(prompts):
+                on_token = partial(self._on_token, generation, index)
+                request = engine.add_request(tokens, params, on_token=on_token, arrival_time=arrival)
+                generation.requests.append(request)
+                self._live[request.id] = generation
+        self._wake.set()
+        return generation
+
+    def abort(self, request_id: int) -> None:
+        if self.engine is not None:
+            self.engine.abort(request_id)
+            self._wake.set()
+
+    # ---- the engine thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            engine = self._factory()
+        except Exception as err:
+            self._fail(f"loading failed: {err}", loading=True)
+            return
+        if self.observer is not None:
+            self.observer.attach(engine)
+        self.engine = engine
+        if self.state is EngineState.LOADING:
+            self.state = EngineState.READY
+        log.info("engine ready: %s, %d slots", engine.backend.info.description, engine.config.max_slots)
+        try:
+            self._loop(engine)
+            self._abort_all(engine)
+        except Exception as err:
+            log.exception("the engine thread crashed")
+            self._fail(f"{type(err).__name__}: {err}")
+
+    def _loop(self, engine: Engine) -> None:
+        while self.state is not EngineState.STOPPED:
+            self._wake.clear()  # before the check, so a submit racing with it still wakes the wait
+            if self._abort_at is not None and time.monotonic() >= self._abort_at:
+                self._abort_at = None
+                self._abort_live(engine)
+            if engine.has_work:
+                engine.step()
+            else:
+                self._wake.wait(self.idle_wait_s)
+
+    def _abort_live(self, engine: Engine) -> None:
+        with self._lock:
+            ids = list(self._live)
+        for request_id in ids:
+            engine.abort(request_id)
+
+    def _abort_all(self, engine: Engine) -> None:
+        self._abort_live(engine)
+        engine.step()  # takes the aborts: slots freed, clients get their final (abort) delta
+
+    def _fail(self, message: str, loading: bool = False) -> None:
+        log.error("engine unavailable: %s", message)
+        with self._lock:  # with submit's re-check under the lock, no request slips in after this
+            self.error = message
+            self.state = EngineState.FAILED
+            pending = set(self._live.values())
+            self._live.clear()
+        for generation in pending:
+            generation.push(Failure(f"the engine failed: {message}"))
+        if loading and self.on_load_failed is not None:
+            self.on_load_failed(message)
+
+    def _on_token(self, generation: Generation, index: int, request: Request, delta: str) -> None:
+        finished = request.is_finished
+        if finished:
+            with self._lock:
+                self._live.pop(request.id, None)
+            if self.observer is not None:
+                self.observer.request_finished(request)
+        if delta or finished:
+            generation.push(Delta(index, delta, finished))

@@ -1,0 +1,46 @@
+"""The `serve` subcommand's flags. Only argparse-level imports: `cobali run` loads this module too, and
+should not pay for importing FastAPI and uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+
+from cobali.options import add_engine_args, non_negative_int
+
+
+def _port(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_engine_args(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=_port, default=8000, help="port to bind")
+    parser.add_argument("--max-queue", type=non_negative_int, default=256,
+                        help="requests that may wait for a slot; beyond it requests get HTTP 429")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1 and /slots")
+    parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
+    parser.add_argument("--shutdown-grace", type=_seconds, default=30.0,
+                        help="on SIGTERM, seconds in-flight requests get to finish before they are aborted")
+    parser.set_defaults(func=_serve_command)
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    from cobali.server.serve import serve
+
+    return serve(args)

@@ -1,0 +1,191 @@
+"""Request bodies of the OpenAI-compatible routes.
+
+Strict mode: a wrong JSON type is a 400, never silently coerced ("5" is not an integer). Unknown fields are
+ignored, as OpenAI clients send extras; fields we cannot honour (logprobs, echo, tools, ...) are rejected.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from cobali.engine.sampling import SamplingParams
+from cobali.server.grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
+
+# Choices per HTTP request (prompts x n): each is an engine request holding a slot, and one client should
+# not be able to fill the whole queue.
+MAX_CHOICES = 16
+MAX_STOP_STRINGS = 16
+
+
+def _one_of(expected: str) -> WrapValidator:
+    """One clear error for a union, instead of pydantic's one per member (loc 'prompt.str', ...)."""
+
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("invalid_type", "expected {expected}", {"expected": expected}) from None
+
+    return WrapValidator(validate)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Body):
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    name: str = "response"
+    json_schema: dict[str, Any] | bool = Field(default=True, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("json_schema is required when type is 'json_schema'")
+        return self
+
+    def grammar(self) -> str | None:
+        if self.type == "json_object":
+            return JSON_OBJECT_GRAMMAR
+        if self.type == "json_schema" and self.json_schema is not None:
+            return json_schema_grammar(self.json_schema.json_schema)
+        return None
+
+
+class GenerationRequest(_Body):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    default_max_tokens: ClassVar[int | None] = 16  # None: up to the end of the context
+    unsupported: ClassVar[tuple[str, ...]] = ()  # fields that must stay unset (None / False / 0)
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=100)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=-1)  # -1 or 0: disabled
+    min_p: float = Field(default=0.0, ge=0, le=1)
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(default=1.0, gt=0, le=100)
+    seed: int | None = Field(default=None, ge=0, lt=2**32)
+    stop: Annotated[str | list[str] | None, _one_of("a string or a list of strings")] = None
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> GenerationRequest:
+        for name in self.unsupported:
+            if getattr(self, name, None):
+                raise ValueError(f"{name} is not supported by this server")
+        stops = self.stop_strings()
+        if len(stops) > MAX_STOP_STRINGS or not all(stops):
+            raise ValueError(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings")
+        return self
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens if self.max_tokens is not None else self.default_max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, prompt_tokens: int, n_ctx_seq: int, copy: int) -> SamplingParams:
+        """Engine parameters for one choice. Seeded copies get seed+copy: distinct yet reproducible."""
+        room = max(1, n_ctx_seq - prompt_tokens)
+        max_tokens = self.requested_max_tokens() or room
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
+            min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            seed=None if self.seed is None else (self.seed + copy) % 2**32, stop=self.stop_strings(),
+            ignore_eos=self.ignore_eos,
+            grammar=self.response_format.grammar() if self.response_format else None,
+        )
+
+
+class CompletionRequest(GenerationRequest):
+    unsupported: ClassVar[tuple[str, ...]] = ("logprobs", "echo", "suffix")
+
+    prompt: Annotated[str | list[str] | list[int] | list[list[int]],
+                      _one_of("a string, a list of strings, token ids, or a list of token id lists")]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_batch(self) -> CompletionRequest:
+        n_prompts = len(self.prompts())
+        if n_prompts == 0:
+            raise ValueError("prompt must not be empty")
+        if n_prompts * self.n > MAX_CHOICES:
+            raise ValueError(f"prompts x n must be at most {MAX_CHOICES}, got {n_prompts} x {self.n}")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts: a string, token ids, or a list of either."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if self.prompt and isinstance(self.prompt[0], int):
+            return [list(self.prompt)]  # type: ignore[arg-type]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: str
+    content: Annotated[str | list[TextPart] | None, _one_of("a string or a list of text parts")] = None
+
+    def as_template_input(self) -> dict[str, str]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(GenerationRequest):
+    default_max_tokens: ClassVar[int | None] = None
+    unsupported: ClassVar[tuple[str, ...]] = ("logprobs", "top_logprobs", "tools", "functions")
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    functions: list[dict[str, Any]] | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or super().requested_max_tokens()

@@ -1,0 +1,62 @@
+"""Running the server: uvicorn around the app, with a graceful SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from cobali.model import embedded_model_path
+from cobali.options import build_engine, engine_config
+from cobali.server.app import create_app
+from cobali.server.engine_thread import EngineThread
+
+log = logging.getLogger("cobali.server")
+
+
+class DrainingServer(uvicorn.Server):
+    """Stops admitting requests the moment a shutdown signal arrives; uvicorn then lets in-flight requests
+    finish for up to timeout_graceful_shutdown before cancelling them."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+def serve(args: argparse.Namespace) -> int:
+    engine_config(args)  # most bad flag combinations fail here, before the port is bound; the rest at load
+    model_name = args.served_model_name or Path(args.model or embedded_model_path()).stem
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    app = create_app(lambda: build_engine(args), model_name, args.max_queue, args.api_key)
+    thread: EngineThread = app.state.server.engine_thread
+    # The engine aborts what is left when the grace period ends, and the clients get a 503; uvicorn's own
+    # timeout, which cancels handlers outright, is only a backstop.
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                            timeout_graceful_shutdown=args.shutdown_grace + 5)
+    server = DrainingServer(config, on_exit=lambda: thread.drain(args.shutdown_grace))
+    load_errors: list[str] = []
+
+    def load_failed(message: str) -> None:
+        load_errors.append(message)
+        server.should_exit = True
+
+    thread.on_load_failed = load_failed
+    # uvicorn re-raises the SIGTERM it caught once its shutdown is done, under the handler it found: make
+    # that a no-op, since by then the shutdown was graceful and the exit status should be 0.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
+    log.info("serving %s on http://%s:%d (loading the model)", model_name, args.host, args.port)
+    server.run()
+    if load_errors:
+        log.error("exiting: %s", load_errors[0])
+        return 1
+    return 0

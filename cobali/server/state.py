@@ -1,0 +1,17 @@
+"""What every route needs, hung on app.state.server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cobali.server.engine_thread import EngineThread
+from cobali.server.metrics import ServerMetrics
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    engine_thread: EngineThread
+    metrics: ServerMetrics
+    model_name: str
+    api_key: str | None = None
+    created: int = 0  # unix time the server started, for /v1/models

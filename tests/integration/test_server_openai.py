@@ -1,0 +1,193 @@
+"""`cobali serve` on the embedded model, driven by the official openai client.
+
+The server runs with --threads 1: on a small shared machine, llama.cpp's spinning thread pool collapses
+when it competes for cores (measured: 55 tok/s with one thread, ~1 tok/s with two under load).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from cobali.model import embedded_model_path
+
+COBALI = str(Path(sys.executable).with_name("cobali"))
+PROMPT = "The capital of France is"
+
+try:
+    embedded_model_path()
+except ValueError as err:
+    pytest.skip(str(err), allow_module_level=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running_server(*flags: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    port = free_port()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([COBALI, "serve", "--port", str(port), "--threads", "1", *flags],
+                                stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(base, proc)
+            yield base, proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+            log.seek(0)
+            print(log.read().decode(errors="replace")[-4000:])  # shown by pytest on failure
+
+
+def wait_healthy(base: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the server exited"
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the server did not become healthy")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with running_server("--max-slots", "16", "--served-model-name", "smol") as (base, _proc):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> OpenAI:
+    return OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_completion_whole_and_streamed(client: OpenAI) -> None:
+    whole = client.completions.create(model="smol", prompt=PROMPT, max_tokens=8, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert whole.model == "smol"
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 8
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 8
+    stream = client.completions.create(model="smol", prompt=PROMPT, max_tokens=8, temperature=0,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+
+
+def test_chat_whole_and_streamed(client: OpenAI) -> None:
+    messages = [{"role": "user", "content": "Say hello."}]
+    whole = client.chat.completions.create(model="smol", messages=messages, max_tokens=12, temperature=0)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].message.role == "assistant"
+    assert whole.usage.completion_tokens <= 12
+    deltas = client.chat.completions.create(model="smol", messages=messages, max_tokens=12, temperature=0,
+                                            stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in deltas) == text
+
+
+def test_stop_strings_are_honoured(client: OpenAI) -> None:
+    full = client.completions.create(model="smol", prompt=PROMPT, max_tokens=16, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = full[len(full) // 2:][:3]
+    cut = client.completions.create(model="smol", prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
+                                    extra_body={"ignore_eos": True}).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[: full.index(stop)]
+
+
+def test_json_schema_output_parses(client: OpenAI) -> None:
+    schema = {"type": "object",
+              "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}}}
+    reply = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Answer in JSON."}], max_tokens=32, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    value = json.loads(reply.choices[0].message.content)
+    assert isinstance(value["ok"], bool) and value["color"] in ("red", "green")
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"type": ["integer", "null"]}},
+    {"anyOf": [{"type": "string"}, {"const": {"a": [1]}}]},
+    {"type": "object", "properties": {'k"\\': {"type": "number"}}, "additionalProperties": False},
+])
+def test_llama_cpp_accepts_the_generated_grammars(server: str, schema: dict) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    response = httpx.post(f"{server}/v1/completions", json={"prompt": "[", "max_tokens": 2,
+                                                           "response_format": response_format}, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def max_batch_seen(server: str) -> bool:
+    """True when some tick batched more than one request: the le="1.0" bucket misses some ticks."""
+    samples = {}
+    for line in httpx.get(f"{server}/metrics").text.splitlines():
+        if line.startswith("cobali:iteration_requests_"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples['cobali:iteration_requests_bucket{le="1.0"}'] < samples["cobali:iteration_requests_count"]
+
+
+def test_sixteen_concurrent_streams(server: str, client: OpenAI) -> None:
+    running_seen: list[float] = []
+    done = threading.Event()
+
+    def poll_running() -> None:
+        while not done.is_set():
+            for line in httpx.get(f"{server}/metrics").text.splitlines():
+                if line.startswith("cobali:num_requests_running "):
+                    running_seen.append(float(line.split()[-1]))
+            time.sleep(0.02)
+
+    def one(i: int) -> tuple[str, str | None]:
+        stream = client.completions.create(model="smol", prompt=f"{i} + {i} =", max_tokens=16, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        chunks = list(stream)
+        return "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+
+    poller = threading.Thread(target=poll_running)
+    poller.start()
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(one, range(16)))
+    finally:
+        done.set()
+        poller.join()
+    assert all(reason == "length" and text for text, reason in results)
+    assert max_batch_seen(server)
+    assert max(running_seen) > 1, running_seen
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits_0() -> None:
+    with running_server("--max-slots", "2") as (base, proc):
+        body = {"prompt": PROMPT, "max_tokens": 16, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line).startswith("data: {")
+            proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(30) == 0

@@ -1,0 +1,227 @@
+"""The HTTP API over the fake backend, through FastAPI's TestClient (no model, no sockets)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from cobali.backends.fake import FakeBackend
+from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.sampling import SamplingParams
+from cobali.server.app import create_app
+
+N_CTX_SEQ = 256
+
+
+def fake_engine(backend: FakeBackend | None = None) -> Callable[[], Engine]:
+    return lambda: Engine(backend or FakeBackend(n_seq_max=4, n_ctx_seq=N_CTX_SEQ, n_batch=64),
+                          EngineConfig(max_slots=4, n_batch=64))
+
+
+def wait_healthy(client: TestClient) -> None:
+    deadline = time.monotonic() + 10
+    while client.get("/health").status_code != 200:
+        assert time.monotonic() < deadline, "server never became healthy"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def api() -> Iterator[TestClient]:
+    with TestClient(create_app(fake_engine(), "fake-model")) as client:
+        wait_healthy(client)
+        yield client
+
+
+def sse_payloads(text: str) -> list:
+    events = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def expected_text(prompt: str, max_tokens: int) -> str:
+    """What a fresh engine produces for the prompt, greedily: the server must not change it."""
+    engine = fake_engine()()
+    [request] = engine.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return request.text
+
+
+def test_completion_matches_the_engine_and_counts_usage(api: TestClient) -> None:
+    body = api.post("/v1/completions", json={"prompt": "hello", "max_tokens": 8, "temperature": 0,
+                                             "ignore_eos": True}).json()
+    assert body["object"] == "text_completion" and body["model"] == "fake-model"
+    [choice] = body["choices"]
+    assert choice["text"] == expected_text("hello", 8)
+    assert choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+
+
+def test_streamed_completion_equals_the_whole_one(api: TestClient) -> None:
+    request = {"prompt": "stream me", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    whole = api.post("/v1/completions", json=request).json()["choices"][0]["text"]
+    response = api.post("/v1/completions", json={**request, "stream": True,
+                                                 "stream_options": {"include_usage": True}})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    chunks = sse_payloads(response.text)
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == whole
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_chat_whole_and_streamed(api: TestClient) -> None:
+    request = {"messages": [{"role": "system", "content": "be brief"},
+                            {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+               "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    body = api.post("/v1/chat/completions", json=request).json()
+    assert body["object"] == "chat.completion"
+    message = body["choices"][0]["message"]
+    assert message["role"] == "assistant"
+    assert message["content"] == expected_text("<system>be brief\n<user>hi\n<assistant>", 6)
+    chunks = sse_payloads(api.post("/v1/chat/completions", json={**request, "stream": True}).text)
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == message["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_string_cuts_the_text(api: TestClient) -> None:
+    request = {"prompt": "abc", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    full = api.post("/v1/completions", json=request).json()["choices"][0]["text"]
+    stop = full[5:7]
+    choice = api.post("/v1/completions", json={**request, "stop": [stop, "never"]}).json()["choices"][0]
+    assert choice["text"] == full[: full.index(stop)]
+    assert choice["finish_reason"] == "stop"
+
+
+def test_n_choices_and_prompt_batches(api: TestClient) -> None:
+    body = api.post("/v1/completions", json={"prompt": ["ab", "cde"], "n": 2, "max_tokens": 3,
+                                             "ignore_eos": True, "seed": 7}).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+
+
+def test_response_format_is_accepted(api: TestClient) -> None:
+    schema = {"name": "x", "schema": {"type": "object"}}
+    for response_format in ({"type": "json_object"}, {"type": "json_schema", "json_schema": schema}):
+        response = api.post("/v1/completions", json={"prompt": "{", "max_tokens": 2,
+                                                     "response_format": response_format})
+        assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("body", "param", "fragment"), [
+    ("{not json", None, "invalid JSON"),
+    ("[1, 2]", None, "valid dictionary"),
+    ({"prompt": "x", "max_tokens": "5"}, "max_tokens", "valid integer"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ({"prompt": "x", "n": 17}, "n", "less than or equal to 16"),
+    ({"prompt": ["a", "b", "c"], "n": 6}, None, "at most 16"),
+    ({"prompt": "x" * N_CTX_SEQ}, "prompt", "context holds"),
+    ({"prompt": ""}, "prompt", "empty"),
+    ({"prompt": []}, None, "empty"),
+    ({"prompt": [1, "a"]}, "prompt", ""),
+    ({"prompt": "x", "temperature": -1}, "temperature", "greater than or equal to 0"),
+    ({"prompt": "x", "stop": ""}, None, "non-empty"),
+    ({"prompt": "x", "logprobs": 1}, None, "logprobs is not supported"),
+    ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format", "json_schema is requ"),
+    ({"max_tokens": 3}, "prompt", "Field required"),
+])
+def test_bad_completion_bodies_are_400(api: TestClient, body: object, param: str | None,
+                                       fragment: str) -> None:
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = api.post("/v1/completions", content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert fragment in error["message"]
+    if param is not None:
+        assert error["param"] == param
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": []},
+    {"messages": [{"role": "user"}], "max_completion_tokens": 0},
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+    {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+    {"messages": "hi"},
+])
+def test_bad_chat_bodies_are_400(api: TestClient, body: dict) -> None:
+    response = api.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"]
+
+
+def test_unknown_route_has_an_openai_error(api: TestClient) -> None:
+    response = api.get("/v1/nothing")
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found_error"
+
+
+def test_models_slots_and_metrics(api: TestClient) -> None:
+    assert api.get("/v1/models").json()["data"][0]["id"] == "fake-model"
+    api.post("/v1/completions", json={"prompt": "four", "max_tokens": 3, "ignore_eos": True})
+    slots = api.get("/slots").json()
+    assert [s["id"] for s in slots] == [0, 1, 2, 3]
+    assert all(s["state"] == "idle" and s["request_id"] is None for s in slots)
+    text = api.get("/metrics").text
+    assert 'cobali:request_success_total{finished_reason="length"} 1.0' in text
+    assert "cobali:prompt_tokens_total 4.0" in text
+    assert "cobali:generation_tokens_total 3.0" in text
+    assert "cobali:time_to_first_token_seconds_count 1.0" in text
+    assert "cobali:inter_token_latency_seconds_count 2.0" in text
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "num_preemptions_total", "e2e_request_latency_seconds_bucket",
+                 "request_queue_time_seconds_sum", "iteration_tokens_bucket", "iteration_requests_count"):
+        assert f"cobali:{name}" in text
+
+
+def test_api_key_is_required_on_the_api_but_not_on_probes() -> None:
+    with TestClient(create_app(fake_engine(), "m", api_key="sekret")) as client:
+        wait_healthy(client)
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+            response = client.post("/v1/completions", json={"prompt": "x"}, headers=headers)
+            assert response.status_code == 401
+            assert response.json()["error"]["code"] == "invalid_api_key"
+        assert client.get("/slots").status_code == 401
+        ok = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                         headers={"Authorization": "Bearer sekret"})
+        assert ok.status_code == 200
+        assert client.get("/metrics").status_code == 200
+
+
+def test_health_is_503_while_loading() -> None:
+    loaded = threading.Event()
+    build = fake_engine()
+
+    def slow_load() -> Engine:
+        loaded.wait(10)
+        return build()
+
+    with TestClient(create_app(slow_load, "m")) as client:
+        response = client.get("/health")
+        assert response.status_code == 503 and "loading" in response.json()["error"]["message"]
+        assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 503
+        loaded.set()
+        wait_healthy(client)
+
+
+class CrashingBackend(FakeBackend):
+    """A backend failure the engine does not handle: it kills the engine thread."""
+
+    def decode(self, tokens, positions, seq_ids, want_logits):
+        raise RuntimeError("the GPU fell off")
+
+
+def test_an_engine_crash_fails_pending_requests_and_health() -> None:
+    with TestClient(create_app(fake_engine(CrashingBackend(n_seq_max=4, n_batch=64)), "m")) as client:
+        wait_healthy(client)
+        response = client.post("/v1/completions", json={"prompt": "x"})
+        assert response.status_code == 503
+        assert "the GPU fell off" in response.json()["error"]["message"]
+        assert client.get("/health").status_code == 503
+        streamed = client.post("/v1/completions", json={"prompt": "x", "stream": True})
+        assert streamed.status_code == 503

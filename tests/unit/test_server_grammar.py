@@ -1,0 +1,69 @@
+"""response_format -> GBNF, checked for structure without a model (llama.cpp parses them in the
+integration test)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cobali.server.grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
+
+_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
+
+
+def rules(grammar: str) -> dict[str, str]:
+    out = {}
+    for line in filter(None, grammar.splitlines()):
+        name, sep, body = line.partition("::=")
+        assert sep, f"not a rule: {line!r}"
+        out[name.strip()] = body
+    return out
+
+
+def assert_closed(grammar: str) -> None:
+    """Every rule referenced is defined, and root exists."""
+    defined = rules(grammar)
+    assert "root" in defined
+    for name, body in defined.items():
+        for ref in re.findall(r"[A-Za-z][A-Za-z0-9-]*", _LITERAL.sub(" ", body)):
+            assert ref in defined, f"rule {name} references undefined {ref}"
+
+
+def test_json_object_grammar_roots_at_object() -> None:
+    assert_closed(JSON_OBJECT_GRAMMAR)
+    assert rules(JSON_OBJECT_GRAMMAR)["root"].strip() == "object"
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}},
+    {"type": "array", "items": {"type": "number"}},
+    {"type": ["string", "null"]},
+    {"anyOf": [{"type": "boolean"}, {"const": 3}]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}}}},
+    {"$ref": "#/defs/x"},
+    True,
+    {},
+])
+def test_schema_grammars_are_closed(schema: object) -> None:
+    assert_closed(json_schema_grammar(schema))
+
+
+def test_object_properties_in_schema_order_with_escaped_keys() -> None:
+    grammar = json_schema_grammar({"type": "object", "properties": {'say "hi"': {"type": "boolean"},
+                                                                     "n": {"type": "null"}}})
+    body = rules(grammar)["schema0"]
+    # The key is emitted as its JSON text, "say \"hi\"", inside a GBNF literal.
+    assert r'"\"say \\\"hi\\\"\""' in body
+    assert body.index("boolean") < body.index("null")
+
+
+def test_enum_and_const_are_literal_json() -> None:
+    grammar = json_schema_grammar({"enum": ["red", 1, None]})
+    assert rules(grammar)["root"].strip() == r'( "\"red\"" | "1" | "null" ) ws'
+    assert rules(json_schema_grammar({"const": True}))["root"].strip() == '"true" ws'
+
+
+def test_unsupported_keywords_fall_back_to_any_value() -> None:
+    assert rules(json_schema_grammar({"$ref": "#/x"}))["root"].strip() == "value"
+    assert rules(json_schema_grammar({"type": "object"}))["root"].strip() == "object"
