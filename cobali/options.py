@@ -6,6 +6,8 @@ import argparse
 
 from cobali.backends.base import Backend
 from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
+from cobali.engine.queue import QUEUE_ORDERS
 
 
 def positive_int(text: str) -> int:
@@ -45,6 +47,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add_backend_args(parser)
     parser.add_argument("--prefill-chunk-tokens", type=positive_int, default=512,
                         help="longest prefill chunk per request per tick (cont mode)")
+    parser.add_argument("--policy", choices=BATCH_POLICIES, default="decode-max",
+                        help="how decode rows and prefill chunks share a tick")
+    parser.add_argument("--kv-admission", choices=KV_POLICIES, default="optimistic",
+                        help="reserve: admit only what fits to max_tokens; optimistic: admit on prompt, preempt")
+    parser.add_argument("--queue", choices=QUEUE_ORDERS, default="fifo",
+                        help="waiting order (priority: lower `priority` first)")
+    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                        help="do not reuse KV of earlier prompts sharing a prefix")
 
 
 def build_backend(args: argparse.Namespace) -> Backend:
@@ -67,7 +77,8 @@ def build_backend(args: argparse.Namespace) -> Backend:
 
 def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:
     return EngineConfig(mode=mode, max_slots=args.max_slots, prefill_chunk_tokens=args.prefill_chunk_tokens,
-                        n_batch=args.n_batch, **overrides)
+                        n_batch=args.n_batch, policy=args.policy, kv_admission=args.kv_admission,
+                        queue=args.queue, prefix_cache=args.prefix_cache, **overrides)
 
 
 def build_engine(args: argparse.Namespace, backend: Backend | None = None, mode: str = "cont",

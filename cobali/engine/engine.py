@@ -13,10 +13,10 @@ import numpy as np
 from cobali.backends.base import Backend, DecodeError
 from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
-from cobali.engine.request import FinishReason, Request, RequestState
-from cobali.engine.sampling import RowSampler, SamplingParams
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.queue import WaitQueue
+from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.engine.sampling import RowSampler, SamplingParams
 from cobali.engine.scheduler import Plan, Scheduler
 
 # Called after every sampled token and at finish: (request, text delta). Runs on the engine thread.
