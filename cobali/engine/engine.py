@@ -66,8 +66,11 @@ class TickRecord:
 
 
 class Engine:
-    def __init__(self, backend: Backend, config: EngineConfig | None = None) -> None:
+    def __init__(self, backend: Backend, config: EngineConfig | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.backend = backend
+        # Every timestamp comes from this clock; a simulated backend passes its virtual one.
+        self.clock = clock
         self.config = config = config or EngineConfig()
         if config.n_batch > backend.info.n_batch:
             raise ValueError(f"n_batch {config.n_batch} exceeds the backend's {backend.info.n_batch}")
@@ -116,9 +119,8 @@ class Engine:
     ) -> Request:
         """Queue a request; thread-safe. Raises ValueError for a prompt that can never run."""
         params = params or SamplingParams()
-        request = Request(next(self._ids), self.tokenize_prompt(prompt), params)
-        if arrival_time is not None:
-            request.arrival_time = arrival_time
+        request = Request(next(self._ids), self.tokenize_prompt(prompt), params,
+                          arrival_time=self.clock() if arrival_time is None else arrival_time)
         self.requests[request.id] = request
         self._texts[request.id] = TextStream(params.stop)
         if on_token is not None:
@@ -137,23 +139,23 @@ class Engine:
     # ---- the tick ---------------------------------------------------------------------------------
 
     def step(self) -> TickRecord | None:
-        start = time.perf_counter()
+        start = self.clock()
         self._take_submissions(start)
         plan = self.scheduler.schedule()
         if plan.is_empty:
             self._fail_unrunnable_head(start)
             return None
         n = self._fill_batch(plan, start)
-        decode_start = time.perf_counter()
+        decode_start = self.clock()
         try:
             logits = self.backend.decode(self._tokens[:n], self._positions[:n], self._seq_ids[:n], self._want[:n])
         except DecodeError as err:
-            decode_end = time.perf_counter()
+            decode_end = self.clock()
             self._recover(plan, err, decode_end)
         else:
-            decode_end = time.perf_counter()
+            decode_end = self.clock()
             self._sample_plan(plan, logits, decode_end)
-        record = TickRecord(plan, start, decode_start, decode_end, time.perf_counter(),
+        record = TickRecord(plan, start, decode_start, decode_end, self.clock(),
                             n_running=len(self.scheduler.running) + sum(c.samples for c in plan.chunks),
                             n_waiting=len(self.scheduler.waiting))
         if self.config.record_ticks:
@@ -280,7 +282,7 @@ class Engine:
             return self.add_request(prompt, params, arrival_time=arrival_time)
         except ValueError as err:
             request = Request(next(self._ids), [], params or SamplingParams())
-            request.finish(FinishReason.ERROR, time.perf_counter(), str(err))
+            request.finish(FinishReason.ERROR, self.clock(), str(err))
             return request
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
