@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cobali import __version__, runner, server
+from cobali import __version__, calibrate, runner, server
 from cobali.bench import cli as bench_cli
 
 
@@ -13,7 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cobali", description="continuous batching over llama.cpp")
     parser.add_argument("--version", action="version", version=f"cobali {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for face in (runner, bench_cli, server):
+    for face in (runner, bench_cli, server, calibrate):
         face.register(subparsers)
     return parser
 

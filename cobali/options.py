@@ -53,6 +53,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="reserve: admit only what fits to max_tokens; optimistic: admit on prompt, preempt")
     parser.add_argument("--queue", choices=QUEUE_ORDERS, default="fifo",
                         help="waiting order (priority: lower `priority` first)")
+    parser.add_argument("--itl-target-ms", type=float, default=0.0,
+                        help="adaptive chunking: size each tick's prefill to keep the predicted tick under this "
+                             "(0 = fixed budget: --n-batch and --prefill-chunk-tokens)")
+    parser.add_argument("--profile", default=None,
+                        help="cost profile from `cobali calibrate` (default: the bundled one for this CPU)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="do not reuse KV of earlier prompts sharing a prefix")
 
@@ -78,9 +83,16 @@ def build_backend(args: argparse.Namespace) -> Backend:
 def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:
     return EngineConfig(mode=mode, max_slots=args.max_slots, prefill_chunk_tokens=args.prefill_chunk_tokens,
                         n_batch=args.n_batch, policy=args.policy, kv_admission=args.kv_admission,
-                        queue=args.queue, prefix_cache=args.prefix_cache, **overrides)
+                        queue=args.queue, prefix_cache=args.prefix_cache, itl_target_ms=args.itl_target_ms,
+                        **overrides)
 
 
 def build_engine(args: argparse.Namespace, backend: Backend | None = None, mode: str = "cont",
                  **overrides) -> Engine:
-    return Engine(backend or build_backend(args), engine_config(args, mode, **overrides))
+    config = engine_config(args, mode, **overrides)
+    costs = None
+    if config.itl_target_ms > 0:
+        from cobali.costs import DEFAULT_PROFILE, CostProfile
+
+        costs = CostProfile.load(args.profile or DEFAULT_PROFILE)
+    return Engine(backend or build_backend(args), config, costs=costs)

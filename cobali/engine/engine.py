@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cobali.backends.base import Backend, DecodeError
+from cobali.engine.budget import AdaptiveBudget, CostModel, FixedBudget
 from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
@@ -33,6 +34,7 @@ class EngineConfig:
     kv_admission: str = "optimistic"
     queue: str = "fifo"
     prefix_cache: bool = True
+    itl_target_ms: float = 0.0  # > 0: adaptive tick budget from a cost profile; 0: fixed n_batch
     record_ticks: bool = True
 
     def __post_init__(self) -> None:
@@ -44,6 +46,8 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {self.max_slots}")
+        if not self.itl_target_ms >= 0:
+            raise ValueError(f"itl_target_ms must be >= 0, got {self.itl_target_ms}")
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class TickRecord:
 
 class Engine:
     def __init__(self, backend: Backend, config: EngineConfig | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, costs: CostModel | None = None) -> None:
         self.backend = backend
         # Every timestamp comes from this clock; a simulated backend passes its virtual one.
         self.clock = clock
@@ -78,6 +82,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
+            budget=self._tick_budget(config, costs),
         )
         self.sampler = RowSampler(backend)
         self.eog = backend.eog_mask()
@@ -95,6 +100,14 @@ class Engine:
         self._positions = np.zeros(n, dtype=np.int32)
         self._seq_ids = np.zeros(n, dtype=np.int32)
         self._want = np.zeros(n, dtype=np.int8)
+
+    @staticmethod
+    def _tick_budget(config: EngineConfig, costs: CostModel | None) -> AdaptiveBudget | FixedBudget:
+        if config.itl_target_ms <= 0:
+            return FixedBudget(config.n_batch)
+        if costs is None:
+            raise ValueError("an ITL target needs a cost profile (run `cobali calibrate`)")
+        return AdaptiveBudget(costs, config.itl_target_ms / 1e3, config.n_batch)
 
     # ---- submitting -------------------------------------------------------------------------------
 

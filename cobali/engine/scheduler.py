@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cobali.engine.budget import FixedBudget, TickBudget
 from cobali.engine.kv import SlotPool
 from cobali.engine.policies import AdmissionPolicy, BatchPolicy, DecodeMax, KvPolicy, OptimisticKv, ReserveKv
 from cobali.engine.queue import WaitQueue
@@ -79,7 +80,7 @@ class Plan:
 class Scheduler:
     def __init__(self, slots: SlotPool, admission: AdmissionPolicy, n_batch: int,
                  batch: BatchPolicy | None = None, kv: KvPolicy | None = None,
-                 queue: WaitQueue | None = None) -> None:
+                 queue: WaitQueue | None = None, budget: TickBudget | None = None) -> None:
         if n_batch < slots.max_slots:
             raise ValueError(f"n_batch ({n_batch}) must be >= max_slots ({slots.max_slots}) so decodes fit")
         self.slots = slots
@@ -89,6 +90,7 @@ class Scheduler:
         self.batch = batch or DecodeMax()
         self.kv = kv or OptimisticKv()
         self.waiting = queue or WaitQueue()
+        self.budget = budget or FixedBudget(n_batch)
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self.tick = 0
         self.preemptions = 0
@@ -165,7 +167,9 @@ class Scheduler:
         self.tick += 1
         preempted = self._grow_decodes()
         fit_policy = ReserveKv() if self._backing_off() else self.kv
-        tick = TickBuilder(self, may_admit=not preempted, fit_policy=fit_policy)
+        decoding = [r for r in self.running if r.state is RequestState.DECODE]
+        budget = self.budget.tokens(len(decoding), sum(r.n_context_tokens for r in decoding))
+        tick = TickBuilder(self, budget, may_admit=not preempted, fit_policy=fit_policy)
         self.batch.compose(tick)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
         # free only because this tick's token budget or KV ran out are not waste.
@@ -176,9 +180,10 @@ class Scheduler:
 class TickBuilder:
     """One tick's batch under construction; the batch policy decides the order of its steps."""
 
-    def __init__(self, scheduler: Scheduler, may_admit: bool, fit_policy: KvPolicy) -> None:
+    def __init__(self, scheduler: Scheduler, budget: int, may_admit: bool, fit_policy: KvPolicy) -> None:
+        assert 0 < budget <= scheduler.n_batch
         self.s = scheduler
-        self.budget = scheduler.n_batch
+        self.budget = budget
         self.may_admit = may_admit
         self.fit_policy = fit_policy
         self.chunks: list[Chunk] = []

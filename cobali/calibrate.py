@@ -1,0 +1,110 @@
+"""`cobali calibrate`: measure the backend on this machine and save a cost profile.
+
+Three kinds of batch are timed straight through the backend seam (no scheduler in the way):
+prefill chunks of several sizes, decode steps for several sequence counts and context lengths,
+and prefill chunks with every slot's decode row mixed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from cobali.backends.base import Backend
+from cobali.costs import DEFAULT_PROFILE, CostProfile, Measurement
+from cobali.options import add_backend_args, build_backend
+
+PREFILL_SIZES = (32, 64, 128, 256, 512)
+DECODE_SEQS = (1, 2, 4, 8, 16)
+DECODE_KV = (128, 512)
+MIX_SIZES = (64, 256)
+SOURCE_SEQ = 0
+
+
+def _time_batch(backend: Backend, rows: Sequence[tuple[int, int]], repeats: int) -> float:
+    """Median seconds of one decode of `rows` (seq_id, position) pairs; their KV is dropped after each."""
+    seqs = np.array([s for s, _ in rows], dtype=np.int32)
+    pos = np.array([p for _, p in rows], dtype=np.int32)
+    tokens = (1000 + pos % 5000).astype(np.int32)
+    want = np.zeros(len(rows), dtype=np.int8)
+    want[-1] = 1
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        backend.decode(tokens, pos, seqs, want)
+        times.append(time.perf_counter() - start)
+        for seq, first in {s: int(pos[seqs == s].min()) for s in set(seqs.tolist())}.items():
+            backend.remove_seq(seq, first, -1)
+    return statistics.median(times)
+
+
+def _fill(backend: Backend, n_seqs: int, kv_len: int, n_batch: int) -> None:
+    """Give sequences 0..n_seqs-1 a context of kv_len tokens: compute it once, copy it to the rest."""
+    for seq in range(n_seqs):
+        backend.remove_seq(seq)
+    for start in range(0, kv_len, n_batch):
+        n = min(n_batch, kv_len - start)
+        pos = np.arange(start, start + n, dtype=np.int32)
+        backend.decode((1000 + pos).astype(np.int32), pos, np.full(n, SOURCE_SEQ, np.int32), np.zeros(n, np.int8))
+    for seq in range(1, n_seqs):
+        backend.copy_seq(SOURCE_SEQ, seq, 0, -1)
+
+
+def measure(backend: Backend, max_slots: int, n_batch: int, repeats: int = 3) -> list[Measurement]:
+    points: list[Measurement] = []
+    fresh = max_slots - 1  # a sequence kept empty for prefill chunks
+    for size in (s for s in PREFILL_SIZES if s <= n_batch):
+        backend.remove_seq(fresh)
+        seconds = _time_batch(backend, [(fresh, p) for p in range(size)], repeats)
+        points.append(Measurement(size, 0, 0, seconds))
+    decode_seqs = [n for n in DECODE_SEQS if n < max_slots] or [1]
+    for kv_len in DECODE_KV:
+        _fill(backend, max(decode_seqs), kv_len, n_batch)
+        for n in decode_seqs:
+            seconds = _time_batch(backend, [(s, kv_len) for s in range(n)], repeats)
+            points.append(Measurement(0, n, n * kv_len, seconds))
+        for size in (s for s in MIX_SIZES if s + max(decode_seqs) <= n_batch):
+            n = max(decode_seqs)
+            backend.remove_seq(fresh)
+            rows = [(s, kv_len) for s in range(n)] + [(fresh, p) for p in range(size)]
+            points.append(Measurement(size, n, n * kv_len, _time_batch(backend, rows, repeats)))
+    return points
+
+
+def format_profile(profile: CostProfile) -> str:
+    lines = [f"{'prefill':>8}{'decode':>8}{'kv':>8}{'measured ms':>13}{'model ms':>10}{'tok/s':>9}"]
+    for m in profile.measurements:
+        model = profile.predict_tick_s(m.prefill_tokens, m.decode_rows, m.decode_kv_tokens)
+        rate = (m.prefill_tokens + m.decode_rows) / m.seconds
+        lines.append(f"{m.prefill_tokens:>8}{m.decode_rows:>8}{m.decode_kv_tokens:>8}"
+                     f"{m.seconds * 1e3:>13.1f}{model * 1e3:>10.1f}{rate:>9.1f}")
+    lines.append(f"fit: tick = {profile.t0_s * 1e3:.2f} ms + {profile.prefill_s_per_token * 1e3:.3f} ms/prefill token"
+                 f" + {profile.decode_s_per_row * 1e3:.3f} ms/decode row"
+                 f" + {profile.decode_s_per_kv_token * 1e6:.3f} us/decode KV token")
+    return "\n".join(lines)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("calibrate", help="measure the backend and save a cost profile (JSON)")
+    add_backend_args(parser)
+    parser.add_argument("--out", default=str(DEFAULT_PROFILE), help="where to write the profile")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per point (the median is kept)")
+    parser.set_defaults(func=calibrate_command)
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    args.max_slots += 1  # one more sequence than slots: prefill chunks are timed on it, beside full decodes
+    backend = build_backend(args)
+    info = backend.info
+    print(f"calibrating {info.description}: n_batch {info.n_batch}, {info.n_seq_max} sequences")
+    _time_batch(backend, [(0, p) for p in range(min(64, info.n_batch))], 1)  # warm-up
+    points = measure(backend, info.n_seq_max, info.n_batch, args.repeats)
+    profile = CostProfile.fit(points, device=info.description, source="cobali calibrate")
+    print(format_profile(profile))
+    profile.save(args.out)
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,64 @@
+"""A backend's cost profile: predicted time of one tick from what the batch carries.
+
+    tick_s = t0_s + prefill_s_per_token * P + decode_s_per_row * D + decode_s_per_kv_token * KV
+
+P prefill tokens, D decode rows, KV the decode rows' context tokens summed. `cobali calibrate` measures
+the points and fits the four coefficients by least squares; the adaptive budget and the simulator
+read the same JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+DEFAULT_PROFILE = PROFILES_DIR / "cpu-2core-smollm2-q4_1.json"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    prefill_tokens: int
+    decode_rows: int
+    decode_kv_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    t0_s: float
+    prefill_s_per_token: float
+    decode_s_per_row: float
+    decode_s_per_kv_token: float
+    device: str = ""
+    source: str = ""
+    measurements: tuple[Measurement, ...] = field(default=(), repr=False)
+
+    def predict_tick_s(self, n_prefill_tokens: int, n_decode_rows: int, decode_kv_tokens: int) -> float:
+        return (self.t0_s + self.prefill_s_per_token * n_prefill_tokens + self.decode_s_per_row * n_decode_rows
+                + self.decode_s_per_kv_token * decode_kv_tokens)
+
+    @classmethod
+    def fit(cls, points: list[Measurement], device: str, source: str) -> CostProfile:
+        x = np.array([[1.0, m.prefill_tokens, m.decode_rows, m.decode_kv_tokens] for m in points])
+        y = np.array([m.seconds for m in points])
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        coef = np.maximum(coef, 0.0)  # a negative cost is noise, and would make the budget unbounded
+        return cls(*map(float, coef), device=device, source=source, measurements=tuple(points))
+
+    def save(self, path: str | Path) -> None:
+        data = asdict(self)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostProfile:
+        try:
+            data = json.loads(Path(path).read_text())
+            points = tuple(Measurement(**m) for m in data.pop("measurements", ()))
+            return cls(**data, measurements=points)
+        except (OSError, json.JSONDecodeError, TypeError) as err:
+            raise ValueError(f"cannot read cost profile {path}: {err}") from None

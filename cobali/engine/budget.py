@@ -1,0 +1,54 @@
+"""How many tokens one tick may carry.
+
+Fixed: always n_batch (the paper's setting, with a fixed --prefill-chunk-tokens). Adaptive: a measured
+cost profile predicts the tick's time, and prefill gets as many tokens as fit under the ITL target
+once this tick's decode rows are paid for. With nothing decoding there is no ITL to protect, so
+prefill takes the whole n_batch; with a long decode set it still gets min_chunk, so TTFT stays bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class CostModel(Protocol):
+    def predict_tick_s(self, n_prefill_tokens: int, n_decode_rows: int, decode_kv_tokens: int) -> float: ...
+
+
+class TickBudget(Protocol):
+    def tokens(self, n_decode: int, decode_kv_tokens: int) -> int:
+        """The tick's token budget, decode rows included."""
+        ...
+
+
+@dataclass(frozen=True)
+class FixedBudget:
+    n_batch: int
+
+    def tokens(self, n_decode: int, decode_kv_tokens: int) -> int:
+        return self.n_batch
+
+
+@dataclass(frozen=True)
+class AdaptiveBudget:
+    costs: CostModel
+    itl_target_s: float
+    n_batch: int
+    min_chunk: int = 32
+
+    def __post_init__(self) -> None:
+        if self.itl_target_s <= 0:
+            raise ValueError(f"the ITL target must be > 0 ms, got {self.itl_target_s * 1e3:g}")
+
+    def prefill_tokens(self, n_decode: int, decode_kv_tokens: int) -> int:
+        room = self.n_batch - n_decode
+        if n_decode == 0:
+            return room
+        base = self.costs.predict_tick_s(0, n_decode, decode_kv_tokens)
+        per_token = self.costs.predict_tick_s(1, n_decode, decode_kv_tokens) - base
+        fit = int((self.itl_target_s - base) / per_token) if per_token > 0 else room
+        return max(min(fit, room), min(self.min_chunk, room))
+
+    def tokens(self, n_decode: int, decode_kv_tokens: int) -> int:
+        return n_decode + self.prefill_tokens(n_decode, decode_kv_tokens)

@@ -1,0 +1,72 @@
+"""Adaptive chunking: the tick budget a cost profile allows under an ITL target."""
+
+from __future__ import annotations
+
+import pytest
+
+from cobali.backends.fake import FakeBackend
+from cobali.costs import CostProfile, Measurement
+from cobali.engine.budget import AdaptiveBudget
+from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.sampling import SamplingParams
+
+# 10 ms per tick, 2 ms per prefill token, 5 ms per decode row, 1 us per decode KV token.
+PROFILE = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6)
+
+
+def test_prefill_gets_what_fits_under_the_target() -> None:
+    budget = AdaptiveBudget(PROFILE, itl_target_s=0.250, n_batch=512)
+    # 4 decodes with 1000 KV tokens: 10 + 20 + 1 = 31 ms paid, 219 ms left -> 109 tokens.
+    assert budget.prefill_tokens(4, 1000) == 109
+    assert budget.tokens(4, 1000) == 113
+
+
+def test_no_decodes_means_the_whole_batch() -> None:
+    assert AdaptiveBudget(PROFILE, 0.250, 512).prefill_tokens(0, 0) == 512
+
+
+def test_a_target_too_tight_still_leaves_the_minimum_chunk() -> None:
+    budget = AdaptiveBudget(PROFILE, itl_target_s=0.020, n_batch=512, min_chunk=32)
+    assert budget.prefill_tokens(16, 8000) == 32
+
+
+def test_budget_never_exceeds_n_batch() -> None:
+    budget = AdaptiveBudget(PROFILE, itl_target_s=10.0, n_batch=256)
+    assert budget.tokens(16, 100) == 256
+
+
+def test_bad_target_is_rejected() -> None:
+    with pytest.raises(ValueError, match="ITL target"):
+        AdaptiveBudget(PROFILE, itl_target_s=0.0, n_batch=256)
+    with pytest.raises(ValueError, match="cost profile"):
+        Engine(FakeBackend(), EngineConfig(max_slots=4, itl_target_ms=100))
+
+
+def test_engine_plans_follow_the_adaptive_budget() -> None:
+    engine = Engine(FakeBackend(n_seq_max=4, n_batch=512),
+                    EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100), costs=PROFILE)
+    engine.add_request([5] * 10, SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    engine.add_request([6] * 400, SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.run_until_done()
+    sizes = [[(c.request_id, c.n_tokens) for c in t.plan.chunks] for t in engine.ticks[:4]]
+    # One decode row (5 ms + 11 us of KV) beside 10 ms fixed: (100 - 15.011) / 2 -> 42 prefill tokens a tick.
+    assert sizes == [[(0, 10)], [(0, 1), (1, 42)], [(0, 1), (1, 42)], [(0, 1), (1, 42)]]
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    points = [Measurement(p, d, d * kv, PROFILE.predict_tick_s(p, d, d * kv))
+              for p in (0, 32, 256) for d in (0, 1, 8) for kv in (100, 700) if p or d]
+    fitted = CostProfile.fit(points, device="test", source="unit")
+    for name in ("t0_s", "prefill_s_per_token", "decode_s_per_row", "decode_s_per_kv_token"):
+        assert getattr(fitted, name) == pytest.approx(getattr(PROFILE, name), rel=1e-6, abs=1e-12)
+
+
+def test_profile_round_trips_through_json(tmp_path) -> None:
+    path = tmp_path / "p.json"
+    fitted = CostProfile.fit([Measurement(1, 0, 0, 0.01), Measurement(2, 0, 0, 0.02), Measurement(0, 1, 5, 0.03),
+                              Measurement(0, 2, 10, 0.05)], device="d", source="s")
+    fitted.save(path)
+    assert CostProfile.load(path) == fitted
+    with pytest.raises(ValueError, match="cannot read"):
+        CostProfile.load(tmp_path / "missing.json")
