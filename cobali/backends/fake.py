@@ -124,10 +124,7 @@ class FakeSampler:
         logits[seen] = np.where(logits[seen] > 0, logits[seen] / p.repetition_penalty,
                                 logits[seen] * p.repetition_penalty)
         logits -= p.frequency_penalty * self.counts + p.presence_penalty * seen
-        if p.temperature == 0 or p.top_k == 1:
-            token = int(np.argmax(logits))
-        else:
-            token = self._draw(logits / p.temperature)
+        token = int(np.argmax(logits)) if p.temperature == 0 or p.top_k == 1 else self._draw(logits / p.temperature)
         self.counts[token] += 1
         return token
 
