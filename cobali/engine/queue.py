@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Iterator
 
@@ -24,7 +25,9 @@ class WaitQueue:
             raise ValueError(f"unknown queue order {order!r}: expected one of {', '.join(QUEUE_ORDERS)}")
         self.order = order
         self.max_bypass = max_bypass
+        # Sorted by key; keys are unique, so bisect never compares two requests.
         self._items: list[tuple[tuple[int, int, int], Request]] = []
+        self._keys: dict[int, tuple[int, int, int]] = {}  # request id -> key
         self._seq = itertools.count()
         self._bypassed: dict[int, int] = {}
 
@@ -38,16 +41,18 @@ class WaitQueue:
         return self._items[index][1]
 
     def __contains__(self, request: object) -> bool:
-        return any(r is request for _, r in self._items)
+        return isinstance(request, Request) and request.id in self._keys
 
     def push(self, request: Request, front: bool = False) -> None:
+        assert request.id not in self._keys, f"request {request.id} queued twice"
         priority = request.priority if self.order == "priority" else 0
         key = (0 if front else 1, priority, -next(self._seq) if front else next(self._seq))
-        self._items.append((key, request))
-        self._items.sort(key=lambda item: item[0])
+        self._keys[request.id] = key
+        bisect.insort(self._items, (key, request), key=lambda item: item[0])
 
     def remove(self, request: Request) -> None:
-        self._items = [item for item in self._items if item[1] is not request]
+        key = self._keys.pop(request.id)
+        del self._items[bisect.bisect_left(self._items, key, key=lambda item: item[0])]
         self._bypassed.pop(request.id, None)
 
     def pop_admissible(self, fits: Callable[[Request], bool]) -> Request | None:

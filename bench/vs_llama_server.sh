@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# cobali serve vs llama.cpp's own llama-server on the same model, threads, slots, workload and client.
+#   bench/vs_llama_server.sh [WORKLOAD] [-- extra cobali serve flags]
+# llama-server is built from the llama.cpp vendored in the llama-cpp-python sdist, into a cache outside
+# the repo (bench/build_llama_tools.sh). Both servers are started in turn on 127.0.0.1, driven by
+# `cobali bench serve` (streaming /v1/completions, ignore_eos so output lengths match), then stopped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORKLOAD=${1:-workloads/mixed_length.json}
+shift $(( $# > 0 ? 1 : 0 ))
+[ "${1:-}" = "--" ] && shift
+SLOTS=${SLOTS:-16}
+THREADS=${THREADS:-2}
+CONCURRENCY=${CONCURRENCY:-64}
+CTX=$((SLOTS * 2048))
+PORT_LLAMA=${PORT_LLAMA:-8091}
+PORT_COBALI=${PORT_COBALI:-8092}
+OUT=${OUT:-results/vs_llama_server}
+MODEL=$(.venv/bin/python -c 'from cobali.model import embedded_model_path; print(embedded_model_path())')
+BIN=$(bench/build_llama_tools.sh)
+mkdir -p "$OUT"
+
+wait_healthy() {
+  for _ in $(seq 1 240); do
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  echo "server on port $1 did not become healthy" >&2
+  return 1
+}
+
+run_client() {  # name port
+  .venv/bin/cobali bench serve --url "http://127.0.0.1:$2" --prompts "$WORKLOAD" \
+    --concurrency "$CONCURRENCY" --out "$OUT/$1" | tee "$OUT/$1.txt"
+}
+
+# --no-repack: the AMX extra buffer type segfaults on these CPUs (cobali uses the same setting).
+"$BIN/llama-server" -m "$MODEL" -np "$SLOTS" -c "$CTX" -t "$THREADS" -tb "$THREADS" -b 512 -ub 512 \
+  --no-repack --host 127.0.0.1 --port "$PORT_LLAMA" >"$OUT/llama-server.log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true' EXIT
+wait_healthy "$PORT_LLAMA"
+run_client llama-server "$PORT_LLAMA"
+kill "$pid"; wait "$pid" 2>/dev/null || true
+
+.venv/bin/cobali serve --max-slots "$SLOTS" --threads "$THREADS" --port "$PORT_COBALI" "$@" \
+  >"$OUT/cobali.log" 2>&1 &
+pid=$!
+wait_healthy "$PORT_COBALI"
+run_client cobali "$PORT_COBALI"
+kill "$pid"; wait "$pid" 2>/dev/null || true
+
+.venv/bin/python - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+load = lambda name: json.load(open(f"{out}/{name}/summary.json"))
+ours, theirs = load("cobali"), load("llama-server")
+ours, theirs = ours.get("summary", ours), theirs.get("summary", theirs)
+print(f"{'metric':<16}{'cobali':>12}{'llama-server':>14}{'ratio':>8}")
+for key in ("wall_s", "output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2el_p50_ms"):
+    a, b = ours.get(key), theirs.get(key)
+    if a is not None and b:
+        print(f"{key:<16}{a:>12.1f}{b:>14.1f}{a / b:>8.2f}")
+PY
