@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from cobali.backends.base import Backend
 from cobali.engine.engine import Engine, EngineConfig
@@ -10,24 +11,25 @@ from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
 from cobali.engine.queue import QUEUE_ORDERS
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def number_type(cast: Callable[[str], float], minimum: float, what: str) -> Callable[[str], float]:
+    """An argparse `type` that names the bad value: int/float parsing with a lower bound (NaN rejected)."""
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+positive_int = number_type(int, 1, "a positive integer")
+non_negative_int = number_type(int, 0, "an integer >= 0")
+positive_float = number_type(float, 1e-300, "a number > 0")
+non_negative_float = number_type(float, 0.0, "a number >= 0")
 
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +55,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="reserve: admit only what fits to max_tokens; optimistic: admit on prompt, preempt")
     parser.add_argument("--queue", choices=QUEUE_ORDERS, default="fifo",
                         help="waiting order (priority: lower `priority` first)")
-    parser.add_argument("--itl-target-ms", type=float, default=0.0,
+    parser.add_argument("--itl-target-ms", type=non_negative_float, default=0.0,
                         help="adaptive chunking: size each tick's prefill to keep the predicted tick under this "
                              "(0 = fixed budget: --n-batch and --prefill-chunk-tokens)")
     parser.add_argument("--profile", default=None,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class WorkItem:
-    prompt: str
+    prompt: str | list[int]  # text, or token ids (synthetic workloads)
     max_tokens: int | None = None  # None: the run's --max-new
 
 

@@ -24,20 +24,10 @@ from cobali.bench.report import (
 from cobali.bench.serve_client import ServeOptions, run_serve
 from cobali.bench.trace import write_trace
 from cobali.bench.workload import arrival_offsets, load_items, random_items
-from cobali.options import add_engine_args, build_backend, non_negative_int, positive_int
+from cobali.options import add_engine_args, build_backend, non_negative_int, positive_float, positive_int
 from cobali.workloads import WorkItem
 
 DEFAULT_CONFIGS = "seq,static,cont"
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def add_load_args(parser: argparse.ArgumentParser, prompts_required: bool = False) -> None:

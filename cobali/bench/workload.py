@@ -44,8 +44,7 @@ def random_items(num_prompts: int, input_len: int, output_len: int, range_ratio:
     low, high = margin, max(margin + 1, n_vocab - margin)
     in_lens = _lengths(rng, num_prompts, input_len, range_ratio)
     out_lens = _lengths(rng, num_prompts, output_len, range_ratio)
-    # WorkItem.prompt is typed str, but the engine takes token ids just as well.
-    return [WorkItem(rng.integers(low, high, size=n).tolist(), int(m))  # type: ignore[arg-type]
+    return [WorkItem(rng.integers(low, high, size=n).tolist(), int(m))
             for n, m in zip(in_lens, out_lens, strict=True)]
 
 
