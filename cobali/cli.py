@@ -7,13 +7,14 @@ import sys
 
 from cobali import __version__, calibrate, runner, server
 from cobali.bench import cli as bench_cli
+from cobali.sim import cli as sim_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cobali", description="continuous batching over llama.cpp")
     parser.add_argument("--version", action="version", version=f"cobali {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for face in (runner, bench_cli, server, calibrate):
+    for face in (runner, bench_cli, server, calibrate, sim_cli):
         face.register(subparsers)
     return parser
 

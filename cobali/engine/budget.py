@@ -52,3 +52,11 @@ class AdaptiveBudget:
 
     def tokens(self, n_decode: int, decode_kv_tokens: int) -> int:
         return n_decode + self.prefill_tokens(n_decode, decode_kv_tokens)
+
+
+def tick_budget(n_batch: int, itl_target_ms: float, costs: CostModel | None) -> TickBudget:
+    if itl_target_ms <= 0:
+        return FixedBudget(n_batch)
+    if costs is None:
+        raise ValueError("an ITL target needs a cost profile (run `cobali calibrate`)")
+    return AdaptiveBudget(costs, itl_target_ms / 1e3, n_batch)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cobali.backends.base import Backend, DecodeError
-from cobali.engine.budget import AdaptiveBudget, CostModel, FixedBudget
+from cobali.engine.budget import CostModel, tick_budget
 from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
@@ -82,7 +82,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
-            budget=self._tick_budget(config, costs),
+            budget=tick_budget(config.n_batch, config.itl_target_ms, costs),
         )
         self.sampler = RowSampler(backend)
         self.eog = backend.eog_mask()
@@ -100,14 +100,6 @@ class Engine:
         self._positions = np.zeros(n, dtype=np.int32)
         self._seq_ids = np.zeros(n, dtype=np.int32)
         self._want = np.zeros(n, dtype=np.int8)
-
-    @staticmethod
-    def _tick_budget(config: EngineConfig, costs: CostModel | None) -> AdaptiveBudget | FixedBudget:
-        if config.itl_target_ms <= 0:
-            return FixedBudget(config.n_batch)
-        if costs is None:
-            raise ValueError("an ITL target needs a cost profile (run `cobali calibrate`)")
-        return AdaptiveBudget(costs, config.itl_target_ms / 1e3, config.n_batch)
 
     # ---- submitting -------------------------------------------------------------------------------
 
@@ -129,10 +121,11 @@ class Engine:
         params: SamplingParams | None = None,
         on_token: TokenCallback | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> Request:
         """Queue a request; thread-safe. Raises ValueError for a prompt that can never run."""
         params = params or SamplingParams()
-        request = Request(next(self._ids), self.tokenize_prompt(prompt), params,
+        request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority,
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
         self.requests[request.id] = request
         self._texts[request.id] = TextStream(params.stop)

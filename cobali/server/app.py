@@ -16,6 +16,8 @@ from cobali.engine.engine import Engine
 from cobali.server import openai_routes
 from cobali.server.engine_thread import EngineThread, EngineUnavailable, QueueFull
 from cobali.server.errors import APIError, install_error_handlers, unavailable
+from cobali.server.flags import DEFAULT_MAX_BODY_BYTES
+from cobali.server.limits import BodyLimit
 from cobali.server.metrics import ServerMetrics
 from cobali.server.state import ServerContext
 
@@ -85,7 +87,7 @@ def slot_table(engine: Engine) -> list[dict]:
 
 
 def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue: int | None = None,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The app and its engine thread, which builds the engine with `engine_factory` (loading the model).
 
     The thread starts with the app, so /health answers 503 while the model loads, and stops with it.
@@ -102,6 +104,7 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
     app = FastAPI(title="cobali", lifespan=lifespan)
     app.state.server = ServerContext(engine_thread, metrics, model_name, api_key, created=int(time.time()))
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(EngineUnavailable)
     async def _unavailable(_http: Request, err: EngineUnavailable) -> JSONResponse:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from cobali.options import add_engine_args, non_negative_int
+from cobali.options import add_engine_args, non_negative_int, positive_int
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def _port(text: str) -> int:
@@ -34,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="requests that may wait for a slot; beyond it requests get HTTP 429")
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on /v1 and /slots")
+    parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="largest request body; beyond it requests get HTTP 413")
     parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
     parser.add_argument("--shutdown-grace", type=_seconds, default=30.0,
                         help="on SIGTERM, seconds in-flight requests get to finish before they are aborted")

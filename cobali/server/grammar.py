@@ -31,6 +31,10 @@ null ::= "null" ws
 ws ::= | " " | "\n" [ \t]{0,20}
 """
 
+# Deeper schemas are refused (400): the conversion recurses, and a hostile schema would otherwise hit
+# Python's recursion limit (a 500). Real schemas nest a handful of levels.
+MAX_SCHEMA_DEPTH = 64
+
 _SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})  # each has a rule of that name
 
 JSON_OBJECT_GRAMMAR = "root ::= object" + _JSON_RULES
@@ -56,9 +60,19 @@ def _alternatives(options: list[str]) -> str:
 class _SchemaConverter:
     def __init__(self) -> None:
         self.rules: dict[str, str] = {}
+        self.depth = 0
 
     def visit(self, schema: Any) -> str:
         """A GBNF expression for `schema`; objects and arrays get rules of their own."""
+        self.depth += 1
+        try:
+            if self.depth > MAX_SCHEMA_DEPTH:
+                raise ValueError(f"response_format schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+            return self._visit(schema)
+        finally:
+            self.depth -= 1
+
+    def _visit(self, schema: Any) -> str:
         if not isinstance(schema, dict):
             return "value"  # true, {} or anything unreadable: any JSON value
         if "const" in schema:

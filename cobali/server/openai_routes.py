@@ -17,7 +17,7 @@ from cobali.engine.engine import Engine
 from cobali.engine.request import Request as EngineRequest
 from cobali.engine.sampling import SamplingParams
 from cobali.server.engine_thread import EngineUnavailable, Generation
-from cobali.server.errors import bad_request, unavailable
+from cobali.server.errors import APIError, bad_request, unavailable
 from cobali.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from cobali.server.state import ServerContext
 
@@ -143,8 +143,14 @@ def _choices(engine: Engine, body: GenerationRequest,
     return choices
 
 
-def _engine(http: Request) -> Engine:
-    return http.app.state.server.engine_thread.require_engine()
+def _engine(http: Request, body: GenerationRequest) -> Engine:
+    """The engine, for a request naming this server's model. Like OpenAI, an unknown model is a 404, not
+    silently served by whatever is loaded; leaving `model` out is allowed."""
+    server: ServerContext = http.app.state.server
+    if body.model is not None and body.model != server.model_name:
+        raise APIError(404, f"the model '{body.model}' does not exist; this server serves '{server.model_name}'",
+                       param="model", code="model_not_found")
+    return server.engine_thread.require_engine()
 
 
 async def _generate(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]],
@@ -164,14 +170,14 @@ async def _generate(http: Request, engine: Engine, body: GenerationRequest, prom
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, http: Request) -> Response:
-    engine = _engine(http)
+    engine = _engine(http, body)
     prompts = [_tokenize(engine, p, "prompt") for p in body.prompts()]
     return await _generate(http, engine, body, prompts, COMPLETION)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
-    engine = _engine(http)
+    engine = _engine(http, body)
     try:
         text = engine.backend.apply_chat_template([m.as_template_input() for m in body.messages])
     except ValueError as err:

@@ -26,6 +26,7 @@ from cobali.server.grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
 # not be able to fill the whole queue.
 MAX_CHOICES = 16
 MAX_STOP_STRINGS = 16
+C_INT_MAX = 2**31 - 1  # top_k reaches llama.cpp as a C int: a larger value would crash the engine thread
 
 
 def _one_of(expected: str) -> WrapValidator:
@@ -41,7 +42,8 @@ def _one_of(expected: str) -> WrapValidator:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # allow_inf_nan: Python's json accepts the NaN / Infinity literals; say so instead of a misleading range error.
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
@@ -49,7 +51,7 @@ class StreamOptions(_Body):
 
 
 class JsonSchemaFormat(_Body):
-    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
     name: str = "response"
     json_schema: dict[str, Any] | bool = Field(default=True, alias="schema")
     strict: bool | None = None
@@ -83,7 +85,7 @@ class GenerationRequest(_Body):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=100)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1)  # -1 or 0: disabled
+    top_k: int = Field(default=0, ge=-1, le=C_INT_MAX)  # -1 or 0: disabled
     min_p: float = Field(default=0.0, ge=0, le=1)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
@@ -120,9 +122,13 @@ class GenerationRequest(_Body):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def sampling_params(self, prompt_tokens: int, n_ctx_seq: int, copy: int) -> SamplingParams:
-        """Engine parameters for one choice. Seeded copies get seed+copy: distinct yet reproducible."""
+        """Engine parameters for one choice. Seeded copies get seed+copy: distinct yet reproducible.
+
+        A max_tokens beyond the context is clamped to the room left (as llama-server does), not refused:
+        generation would stop there anyway, and reserve admission must not wait for KV that cannot exist.
+        """
         room = max(1, n_ctx_seq - prompt_tokens)
-        max_tokens = self.requested_max_tokens() or room
+        max_tokens = min(self.requested_max_tokens() or room, room)
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,

@@ -37,7 +37,7 @@ def serve(args: argparse.Namespace) -> int:
     model_name = args.served_model_name or Path(args.model or embedded_model_path()).stem
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    app = create_app(lambda: build_engine(args), model_name, args.max_queue, args.api_key)
+    app = create_app(lambda: build_engine(args), model_name, args.max_queue, args.api_key, args.max_body_bytes)
     thread: EngineThread = app.state.server.engine_thread
     # The engine aborts what is left when the grace period ends, and the clients get a 503; uvicorn's own
     # timeout, which cancels handlers outright, is only a backstop.
