@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from cobali.backends.base import Backend
+from cobali.engine.budget import CostModel
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
 from cobali.engine.queue import QUEUE_ORDERS
@@ -89,12 +90,16 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
                         **overrides)
 
 
+def load_costs(args: argparse.Namespace) -> CostModel | None:
+    """The cost profile an ITL target needs (--profile, else the bundled one); None without a target."""
+    if args.itl_target_ms <= 0:
+        return None
+    from cobali.costs import DEFAULT_PROFILE, CostProfile
+
+    return CostProfile.load(args.profile or DEFAULT_PROFILE)
+
+
 def build_engine(args: argparse.Namespace, backend: Backend | None = None, mode: str = "cont",
                  **overrides) -> Engine:
     config = engine_config(args, mode, **overrides)
-    costs = None
-    if config.itl_target_ms > 0:
-        from cobali.costs import DEFAULT_PROFILE, CostProfile
-
-        costs = CostProfile.load(args.profile or DEFAULT_PROFILE)
-    return Engine(backend or build_backend(args), config, costs=costs)
+    return Engine(backend or build_backend(args), config, costs=load_costs(args))

@@ -24,7 +24,15 @@ from cobali.bench.report import (
 from cobali.bench.serve_client import ServeOptions, run_serve
 from cobali.bench.trace import write_trace
 from cobali.bench.workload import arrival_offsets, load_items, random_items
-from cobali.options import add_engine_args, build_backend, non_negative_int, positive_float, positive_int
+from cobali.options import (
+    add_engine_args,
+    build_backend,
+    engine_config,
+    load_costs,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from cobali.workloads import WorkItem
 
 DEFAULT_CONFIGS = "seq,static,cont"
@@ -114,7 +122,8 @@ def bench_command(args: argparse.Namespace, backend: Backend | None = None) -> i
                                  backend.info.n_vocab, args.seed)
         print(f"cobali bench: {len(items)} prompts, configs {', '.join(c.name for c in configs)}, "
               f"{backend.info.description}")
-        runs = run_configs(backend, configs, items, args.n_batch, load_options(args, len(items)))
+        runs = run_configs(backend, configs, items, engine_config(args), load_options(args, len(items)),
+                           costs=load_costs(args))
         info = asdict(backend.info)
     finally:
         backend.close()

@@ -3,6 +3,7 @@ loop)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import time
@@ -13,6 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cobali.backends.base import Backend
+from cobali.engine.budget import CostModel
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.request import Request
 from cobali.engine.sampling import SamplingParams
@@ -32,9 +34,10 @@ class BenchConfig:
     prefill_chunk_tokens: int
     knobs: dict[str, int] = field(default_factory=dict, hash=False)  # swept values, for plots
 
-    def engine_config(self, n_batch: int) -> EngineConfig:
-        return EngineConfig(mode=self.mode, max_slots=self.max_slots,
-                            prefill_chunk_tokens=self.prefill_chunk_tokens, n_batch=n_batch)
+    def engine_config(self, base: EngineConfig) -> EngineConfig:
+        """The command line's engine settings (policy, KV admission, ...) with this config's knobs."""
+        return dataclasses.replace(base, mode=self.mode, max_slots=self.max_slots,
+                                   prefill_chunk_tokens=self.prefill_chunk_tokens)
 
 
 def parse_config(name: str, max_slots: int, prefill_chunk_tokens: int) -> BenchConfig:
@@ -103,11 +106,11 @@ class BenchRun:
     idle_after: frozenset[int] = frozenset()  # ticks after which the engine slept waiting for an arrival
 
 
-def run_configs(backend: Backend, configs: Sequence[BenchConfig], items: Sequence[WorkItem], n_batch: int,
-                load: LoadOptions) -> list[BenchRun]:
+def run_configs(backend: Backend, configs: Sequence[BenchConfig], items: Sequence[WorkItem], base: EngineConfig,
+                load: LoadOptions, costs: CostModel | None = None) -> list[BenchRun]:
     """Each config on the same backend, one after the other. Engines are all built first so a bad config
     fails before any run; each one's SlotPool clears a slot's KV when it hands the slot out."""
-    engines = [Engine(backend, c.engine_config(n_batch)) for c in configs]
+    engines = [Engine(backend, c.engine_config(base), costs=costs) for c in configs]
     runs = []
     for config, engine in zip(configs, engines, strict=True):
         if np.isinf(load.request_rate):

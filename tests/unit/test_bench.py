@@ -17,6 +17,7 @@ from cobali.bench import cli as bench_cli
 from cobali.bench.offline import LoadOptions, parse_configs, run_configs, sweep_configs
 from cobali.bench.report import gaps_ms
 from cobali.bench.workload import arrival_offsets, inter_arrivals, random_items, resolve_prompts
+from cobali.engine.engine import EngineConfig
 from cobali.workloads import WorkItem
 
 PROMPTS = ["hello world", "the quick brown fox jumps over", "short", "a longer prompt with more characters",
@@ -151,7 +152,7 @@ def test_open_loop_submits_at_arrival_times_and_excludes_idle_from_gaps() -> Non
     items = [WorkItem("abcdef", 3)] * 3
     offsets = (0.0, 0.08, 0.16)
     load = LoadOptions(max_new=3, ignore_eos=True, request_rate=12.5, arrival_offsets=offsets)
-    (run,) = run_configs(backend, parse_configs("cont", 2, 4), items, 16, load)
+    (run,) = run_configs(backend, parse_configs("cont", 2, 4), items, EngineConfig(n_batch=16), load)
     requests = run.result.requests
     starts = [r.arrival_time - requests[0].arrival_time for r in requests]
     assert starts == pytest.approx(offsets, abs=1e-9)
@@ -241,3 +242,12 @@ def test_sweep_builds_one_backend_sized_for_the_largest_max_slots(tmp_path: Path
     for knob in ("max-slots", "prefill-chunk-tokens"):
         assert (tmp_path / f"sweep_{knob}.png").read_bytes().startswith(PNG_MAGIC)
     assert "cont-slots3-split8" in stdout
+
+
+def test_engine_flags_reach_every_bench_config() -> None:
+    base = EngineConfig(n_batch=64, policy="prefill-first", kv_admission="reserve", prefix_cache=False)
+    for config in parse_configs("seq,cont-split8", 4, 32):
+        engine_config = config.engine_config(base)
+        assert (engine_config.policy, engine_config.kv_admission, engine_config.prefix_cache) == (
+            "prefill-first", "reserve", False)
+        assert engine_config.max_slots == 4 and engine_config.n_batch == 64
