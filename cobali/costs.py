@@ -4,7 +4,12 @@
 
 P prefill tokens, D decode rows, KV the decode rows' context tokens summed. `cobali calibrate` measures
 the points and fits the four coefficients by least squares; the adaptive budget and the simulator
-read the same JSON.
+read the same JSON. The model is linear: a tick mixing prefill and decode costs the sum of its parts.
+
+Bundled profiles (`--profile NAME`):
+- `cpu-2core-smollm2`: this project's 2-core CPU and SmolLM2-135M Q4_1, measured by `cobali calibrate`.
+- `h100-llama-8b`: an ESTIMATE for Llama-3.1-8B BF16 on one H100 SXM, derived from NVIDIA's datasheet
+  (3.35 TB/s HBM3, 989 TFLOPS dense BF16) and the model's shape; not measured. See its `source` field.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
-DEFAULT_PROFILE = PROFILES_DIR / "cpu-2core-smollm2-q4_1.json"
+DEFAULT_PROFILE = PROFILES_DIR / "cpu-2core-smollm2.json"
 
 
 @dataclass(frozen=True)
@@ -62,3 +67,23 @@ class CostProfile:
             return cls(**data, measurements=points)
         except (OSError, json.JSONDecodeError, TypeError) as err:
             raise ValueError(f"cannot read cost profile {path}: {err}") from None
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def resolve_profile(spec: str | None) -> Path:
+    """A path as given, a bundled profile's name (e.g. `h100-llama-8b`), or None: this CPU's profile."""
+    if spec is None:
+        return DEFAULT_PROFILE
+    if Path(spec).is_file():
+        return Path(spec)
+    candidate = PROFILES_DIR / f"{spec}.json"
+    if candidate.is_file():
+        return candidate
+    raise ValueError(f"--profile {spec!r}: no such file or bundled profile ({', '.join(profile_names())})")
+
+
+def load_profile(spec: str | None) -> CostProfile:
+    return CostProfile.load(resolve_profile(spec))

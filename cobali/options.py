@@ -94,9 +94,9 @@ def load_costs(args: argparse.Namespace) -> CostModel | None:
     """The cost profile an ITL target needs (--profile, else the bundled one); None without a target."""
     if args.itl_target_ms <= 0:
         return None
-    from cobali.costs import DEFAULT_PROFILE, CostProfile
+    from cobali.costs import load_profile
 
-    return CostProfile.load(args.profile or DEFAULT_PROFILE)
+    return load_profile(args.profile)
 
 
 def build_engine(args: argparse.Namespace, backend: Backend | None = None, mode: str = "cont",

@@ -1,0 +1,93 @@
+"""Offline batch jobs on the fake backend: the driver, JSONL in and out, resuming after a kill."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from cobali.backends.fake import FakeBackend
+from cobali.batch.driver import Driver, Pending
+from cobali.batch.jobs import Job, finished_ids, pending_jobs, read_jobs, run_jobs
+from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.sampling import SamplingParams
+
+PROMPTS = [f"prompt {i}: " + "abcdefghij"[: 1 + i % 10] * (1 + i % 4) for i in range(12)]
+
+
+def make_engine(n_ctx_seq: int = 4096) -> Engine:
+    return Engine(FakeBackend(n_seq_max=3, n_ctx_seq=n_ctx_seq), EngineConfig(max_slots=3, n_batch=64,
+                                                                                prefill_chunk_tokens=16))
+
+
+def write_input(path: Path, with_ids: bool = True) -> Path:
+    lines = [{"id": f"q{i}", "prompt": p} if with_ids else {"prompt": p} for i, p in enumerate(PROMPTS)]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_driver_reports_every_request_once_with_a_short_queue() -> None:
+    engine = make_engine(n_ctx_seq=40)
+    driver = Driver(engine, window=2)
+    for i in range(200):
+        prompt = "x" * 50 if i == 7 else f"p{i}"  # request 7 is longer than the context
+        driver.push(Pending(i, prompt, SamplingParams(max_tokens=3, ignore_eos=True)))
+    done = []
+    while driver.has_work:
+        done += driver.step()
+        assert len(engine.scheduler.waiting) <= 2
+    keys = [k for k, _ in done]
+    assert sorted(keys) == list(range(200))
+    assert dict(done)[7].error and all(len(r.output_tokens) == 3 for k, r in done if k != 7)
+
+
+def test_jobs_match_generate(tmp_path: Path) -> None:
+    jobs = read_jobs(write_input(tmp_path / "in.jsonl"))
+    out = io.StringIO()
+    assert run_jobs(make_engine(), jobs, out, max_new=12) == len(PROMPTS)
+    records = {r["id"]: r for r in map(json.loads, out.getvalue().splitlines())}
+    expected = make_engine().generate(PROMPTS, SamplingParams(max_tokens=12))
+    for job, request in zip(jobs, expected, strict=True):
+        record = records[job.id]
+        assert record["text"] == request.text and record["output_tokens"] == len(request.output_tokens)
+        assert record["finish_reason"] == request.finish_reason.value
+        assert set(record) == {"id", "text", "finish_reason", "prompt_tokens", "output_tokens"}
+
+
+def test_resume_after_a_kill_gives_the_same_output(tmp_path: Path) -> None:
+    jobs = read_jobs(write_input(tmp_path / "in.jsonl"))
+    full = tmp_path / "full.jsonl"
+    with full.open("w") as f:
+        run_jobs(make_engine(), jobs, f, max_new=12)
+    lines = full.read_text().splitlines(keepends=True)
+    # killed after 5 results, in the middle of writing the 6th
+    resumed = tmp_path / "resumed.jsonl"
+    resumed.write_text("".join(lines[:5]) + lines[5][:10])
+    todo = pending_jobs(jobs, resumed)
+    assert len(todo) == len(jobs) - 5 and resumed.read_text() == "".join(lines[:5])
+    with resumed.open("a") as f:
+        run_jobs(make_engine(), todo, f, max_new=12)
+    assert sorted(resumed.read_text().splitlines()) == sorted(full.read_text().splitlines())
+    assert pending_jobs(jobs, resumed) == []
+
+
+def test_ids_default_to_line_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "a"}\n\n{"prompt": "b", "max_tokens": 3}\n')
+    assert read_jobs(path) == [Job(1, "a"), Job(3, "b", 3)]
+    assert finished_ids(tmp_path / "missing.jsonl") == set()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', "appears twice"),
+    ('{"prompt": 3}\n', "string 'prompt'"),
+    ("not json\n", "not JSON"),
+    ('{"prompt": "a", "max_tokens": 0}\n', "max_tokens"),
+])
+def test_bad_input_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_jobs(path)
