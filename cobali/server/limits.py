@@ -1,0 +1,55 @@
+"""A cap on request body size, enforced before FastAPI reads (and JSON-parses) the body.
+
+Without it a client could send hundreds of megabytes of prompt: the server would hold it, parse it and
+tokenize it on the event loop before the context check rejected it. Checked twice: a declared
+Content-Length over the cap is refused without reading anything, and a chunked body is counted as it arrives.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cobali.server.errors import APIError
+from cobali.server.flags import DEFAULT_MAX_BODY_BYTES
+
+
+class BodyLimit:
+    """ASGI middleware: buffers the body up to `max_bytes`, answers 413 beyond it, then replays it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client is gone: nobody to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        pending = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay() -> Message:
+            # The body once, then the real channel: handlers still need to see http.disconnect.
+            return pending.pop() if pending else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = APIError(413, f"request body exceeds {self.max_bytes} bytes (--max-body-bytes)",
+                         code="request_too_large")
+        await error.response()(scope, receive, send)
