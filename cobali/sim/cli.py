@@ -20,12 +20,12 @@ import numpy as np
 from cobali.bench.cli import add_load_args, file_items, positive_float
 from cobali.bench.report import write_json
 from cobali.bench.workload import arrival_offsets, random_items
+from cobali.costs import load_profile, resolve_profile
 from cobali.options import add_engine_args, engine_config, positive_int
 from cobali.runner import MODES, format_summary
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimResult, SimSpec, simulate
 from cobali.sim.plan import Trial, plan_replicas
-from cobali.costs import load_profile, resolve_profile
 
 PER_SEQ_CTX = 2048  # llama.cpp's cells per sequence when --ctx is 0 (LlamaCppBackend's default)
 

@@ -7,13 +7,12 @@ import pytest
 
 from cobali.backends.fake import FakeBackend
 from cobali.cli import main
-from cobali.costs import CostProfile
+from cobali.costs import CostProfile, load_profile
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.sampling import SamplingParams
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimSpec, simulate
 from cobali.sim.plan import plan_replicas
-from cobali.costs import load_profile
 
 UNIT = CostProfile(t0_s=1.0, prefill_s_per_token=0.1, decode_s_per_row=0.01, decode_s_per_kv_token=0.001)
 
