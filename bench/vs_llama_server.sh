@@ -53,9 +53,8 @@ kill "$pid"; wait "$pid" 2>/dev/null || true
 .venv/bin/python - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
-load = lambda name: json.load(open(f"{out}/{name}/summary.json"))
+load = lambda name: json.load(open(f"{out}/{name}/summary.json"))["runs"][0]
 ours, theirs = load("cobali"), load("llama-server")
-ours, theirs = ours.get("summary", ours), theirs.get("summary", theirs)
 print(f"{'metric':<16}{'cobali':>12}{'llama-server':>14}{'ratio':>8}")
 for key in ("wall_s", "output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2el_p50_ms"):
     a, b = ours.get(key), theirs.get(key)
