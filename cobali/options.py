@@ -52,7 +52,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="longest prefill chunk per request per tick (cont mode)")
     parser.add_argument("--policy", choices=BATCH_POLICIES, default="decode-max",
                         help="how decode rows and prefill chunks share a tick")
-    parser.add_argument("--kv-admission", choices=KV_POLICIES, default="optimistic",
+    parser.add_argument("--kv-admission", choices=KV_POLICIES, default="reserve",
                         help="reserve: admit only what fits to max_tokens; optimistic: admit on prompt, preempt")
     parser.add_argument("--queue", choices=QUEUE_ORDERS, default="fifo",
                         help="waiting order (priority: lower `priority` first)")

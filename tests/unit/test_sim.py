@@ -23,7 +23,7 @@ def prompts(n: int) -> list[list[int]]:
 
 @pytest.mark.parametrize(("kv_unified", "n_ctx_seq"), [(False, 4096), (True, 160)])
 def test_sim_backend_gives_the_fake_backends_plans_and_tokens(kv_unified: bool, n_ctx_seq: int) -> None:
-    config = EngineConfig(max_slots=4, prefill_chunk_tokens=16, n_batch=32)
+    config = EngineConfig(max_slots=4, prefill_chunk_tokens=16, n_batch=32, kv_admission="optimistic")
     runs = []
     for backend in (FakeBackend(4, n_ctx_seq, 32, kv_unified),
                     SimBackend(UNIT, n_seq_max=4, n_ctx_seq=n_ctx_seq, n_batch=32, kv_unified=kv_unified)):
