@@ -146,7 +146,7 @@ class EngineThread:
             raise EngineUnavailable(f"the engine failed: {self.error}")
         raise EngineUnavailable("the server is shutting down")
 
-    def submit(self, prompts: list[tuple[list[int], SamplingParams]]) -> Generation:
+    def submit(self, prompts: list[tuple[list[int], SamplingParams]], priority: int = 0) -> Generation:
         """Queue one engine request per (prompt tokens, params), all or none. Call from the event loop."""
         generation = Generation(asyncio.get_running_loop(), self)
         with self._lock:
@@ -160,7 +160,8 @@ class EngineThread:
             arrival = time.perf_counter()
             for index, (tokens, params) in enumerate(prompts):
                 on_token = partial(self._on_token, generation, index)
-                request = engine.add_request(tokens, params, on_token=on_token, arrival_time=arrival)
+                request = engine.add_request(tokens, params, on_token=on_token, arrival_time=arrival,
+                                             priority=priority)
                 generation.requests.append(request)
                 self._live[request.id] = generation
         self._wake.set()

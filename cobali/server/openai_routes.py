@@ -157,7 +157,7 @@ async def _generate(http: Request, engine: Engine, body: GenerationRequest, prom
                     kind: Kind) -> Response:
     server: ServerContext = http.app.state.server
     choices = _choices(engine, body, prompts)
-    generation = server.engine_thread.submit(choices)
+    generation = server.engine_thread.submit(choices, priority=body.priority)
     reply = Reply(kind, server.model_name, generation, sum(map(len, prompts)))
     if body.stream:
         return StreamingResponse(_stream(http, reply, body.include_usage), media_type="text/event-stream",

@@ -94,6 +94,7 @@ class GenerationRequest(_Body):
     stop: Annotated[str | list[str] | None, _one_of("a string or a list of strings")] = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
+    priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # lower runs first with `serve --queue priority`
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None

@@ -97,6 +97,11 @@ def test_stop_string_cuts_the_text(api: TestClient) -> None:
     assert choice["finish_reason"] == "stop"
 
 
+def test_priority_is_accepted(api: TestClient) -> None:
+    reply = api.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "priority": -5})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+
+
 def test_n_choices_and_prompt_batches(api: TestClient) -> None:
     body = api.post("/v1/completions", json={"prompt": ["ab", "cde"], "n": 2, "max_tokens": 3,
                                              "ignore_eos": True, "seed": 7}).json()
@@ -128,6 +133,7 @@ def test_response_format_is_accepted(api: TestClient) -> None:
     ({"prompt": "x", "logprobs": 1}, None, "logprobs is not supported"),
     ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format", "json_schema is requ"),
     ({"max_tokens": 3}, "prompt", "Field required"),
+    ({"prompt": "x", "priority": "high"}, "priority", "valid integer"),
 ])
 def test_bad_completion_bodies_are_400(api: TestClient, body: object, param: str | None,
                                        fragment: str) -> None:
