@@ -154,6 +154,7 @@ class Engine:
             self._fail_unrunnable_head(start)
             return None
         n = self._fill_batch(plan, start)
+        n_running, n_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         decode_start = self.clock()
         try:
             logits = self.backend.decode(self._tokens[:n], self._positions[:n], self._seq_ids[:n], self._want[:n])
@@ -164,8 +165,7 @@ class Engine:
             decode_end = self.clock()
             self._sample_plan(plan, logits, decode_end)
         record = TickRecord(plan, start, decode_start, decode_end, self.clock(),
-                            n_running=len(self.scheduler.running) + sum(c.samples for c in plan.chunks),
-                            n_waiting=len(self.scheduler.waiting))
+                            n_running=n_running, n_waiting=n_waiting)
         if self.config.record_ticks:
             self.ticks.append(record)
         if self.on_tick is not None:

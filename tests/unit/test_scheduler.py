@@ -68,6 +68,7 @@ def test_budget_caps_prefill_across_requests() -> None:
     engine.step()
     assert shape(engine) == [[(0, "prefill", 0, 200), (1, "prefill", 0, 100)]]
     assert engine.scheduler.waiting[0].id == 2, "no budget left: the third request waits without a slot"
+    assert (engine.ticks[0].n_running, engine.ticks[0].n_waiting) == (2, 1)
 
 
 def test_freed_slot_is_reused_at_the_next_tick() -> None:
