@@ -1,6 +1,6 @@
-"""Property-based fuzzing of the request bodies (hypothesis; schemathesis was judged too heavy a dependency
-for two routes): whatever the body, the answer is a 200 or a 4xx in the OpenAI error shape, never a 500,
-and the server stays healthy. Slow: run with `pytest -m slow`."""
+"""Property-based fuzzing of the request bodies with hypothesis, beyond what the spec allows (the spec-driven
+schemathesis fuzz is test_openapi_fuzz.py): whatever the body, the answer is a 200 or a 4xx in the OpenAI
+error shape, never a 500, and the server stays healthy. Slow: run with `pytest -m slow`."""
 
 from __future__ import annotations
 
