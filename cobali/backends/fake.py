@@ -121,8 +121,9 @@ class FakeSampler:
         out_row = sum(self.backend.batches[-1].want_logits[:row])
         logits = self.backend.last_logits[out_row].copy()
         seen = self.counts > 0
-        logits[seen] = np.where(logits[seen] > 0, logits[seen] / p.repetition_penalty,
-                                logits[seen] * p.repetition_penalty)
+        with np.errstate(all="ignore"):
+            logits[seen] = np.where(logits[seen] > 0, logits[seen] / p.repetition_penalty,
+                                    logits[seen] * p.repetition_penalty)
         logits -= p.frequency_penalty * self.counts + p.presence_penalty * seen
         token = int(np.argmax(logits)) if p.temperature == 0 or p.top_k == 1 else self._draw(logits / p.temperature)
         self.counts[token] += 1
@@ -133,10 +134,15 @@ class FakeSampler:
         order = np.argsort(-logits)
         if p.top_k:
             order = order[: p.top_k]
-        probs = np.exp(logits[order] - logits[order[0]])
-        probs /= probs.sum()
+        with np.errstate(all="ignore"):  # extreme temperatures and penalties give inf/nan: drawn as 0
+            probs = np.nan_to_num(np.exp(logits[order] - logits[order[0]]))
+        total = probs.sum()
+        if not np.isfinite(total) or total <= 0:
+            return int(order[0])
+        probs /= total
         keep = np.cumsum(probs) - probs < p.top_p
         keep &= probs >= p.min_p * probs[0]
+        keep[0] = True  # the most likely token always survives the filters
         probs = probs[keep] / probs[keep].sum()
         return int(self.rng.choice(order[keep], p=probs))
 

@@ -221,9 +221,13 @@ class Engine:
             row += chunk.n_tokens
             if chunk.samples:
                 picks.append((request.id, request.params, row - 1, len(picks)))
-        tokens = self.sampler.sample(logits, picks)
+        tokens, failures = self.sampler.sample(logits, picks)
         for (request_id, *_), token in zip(picks, tokens, strict=True):
-            self._accept(self.requests[request_id], token, now)
+            if token is None:
+                self._finish(self.requests[request_id], FinishReason.ERROR, now,
+                             f"sampling failed: {failures[request_id]}")
+            else:
+                self._accept(self.requests[request_id], token, now)
 
     def _accept(self, request: Request, token: int, now: float) -> None:
         if request.state is RequestState.PREFILL:

@@ -72,16 +72,24 @@ class RowSampler:
         self.backend = backend
         self._samplers: dict[int, TokenSampler] = {}
 
-    def sample(self, logits: np.ndarray, picks: list[tuple[int, SamplingParams, int, int]]) -> list[int]:
-        """picks: (request_id, params, batch_row, output_row) in output order; returns one token each."""
+    def sample(self, logits: np.ndarray, picks: list[tuple[int, SamplingParams, int, int]]
+               ) -> tuple[list[int | None], dict[int, str]]:
+        """picks: (request_id, params, batch_row, output_row) in output order. Returns one token per pick,
+        None where that request's sampler failed, and the failures' messages by request id: one request's
+        sampler must not take the engine (and every other request) down with it."""
         greedy = logits.argmax(axis=1) if any(p.is_greedy for _, p, _, _ in picks) else None
-        tokens = []
+        tokens: list[int | None] = []
+        failures: dict[int, str] = {}
         for request_id, params, row, out_row in picks:
             if params.is_greedy:
                 tokens.append(int(greedy[out_row]))
-            else:
+                continue
+            try:
                 tokens.append(self._sampler_for(request_id, params).sample(row))
-        return tokens
+            except Exception as err:  # a backend's sampler is third-party code: contain its failure
+                failures[request_id] = f"{type(err).__name__}: {err}"
+                tokens.append(None)
+        return tokens, failures
 
     def _sampler_for(self, request_id: int, params: SamplingParams) -> TokenSampler:
         sampler = self._samplers.get(request_id)

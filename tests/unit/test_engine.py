@@ -152,3 +152,24 @@ def test_config_rejects_bad_values() -> None:
         EngineConfig(mode="fast")
     with pytest.raises(ValueError, match="n_batch"):
         Engine(FakeBackend(n_seq_max=8), EngineConfig(max_slots=8, n_batch=4))
+
+
+def test_a_failing_sampler_fails_only_its_request() -> None:
+    engine = make_engine()
+
+    def broken(params: SamplingParams):
+        raise RuntimeError("sampler exploded")
+
+    engine.backend.new_sampler = broken
+    sampled = engine.add_request("x", SamplingParams(max_tokens=3, temperature=0.8, ignore_eos=True))
+    greedy = engine.add_request("y", SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.run_until_done()
+    assert sampled.state is RequestState.FAILED and "sampler exploded" in sampled.error
+    assert greedy.finish_reason is FinishReason.LENGTH and len(greedy.output_tokens) == 3
+
+
+def test_fake_sampler_survives_extreme_parameters() -> None:
+    params = SamplingParams(max_tokens=5, temperature=1e-30, repetition_penalty=1e-30, top_p=1e-9, min_p=1.0,
+                            ignore_eos=True, seed=1)
+    (r,) = make_engine().generate(["abc"], params)
+    assert r.finish_reason is FinishReason.LENGTH and len(r.output_tokens) == 5
