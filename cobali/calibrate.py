@@ -16,7 +16,7 @@ import numpy as np
 
 from cobali.backends.base import Backend
 from cobali.costs import DEFAULT_PROFILE, CostProfile, Measurement
-from cobali.options import add_backend_args, build_backend
+from cobali.options import add_backend_args, build_backend, positive_int
 
 PREFILL_SIZES = (32, 64, 128, 256, 512)
 DECODE_SEQS = (1, 2, 4, 8, 16)
@@ -92,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("calibrate", help="measure the backend and save a cost profile (JSON)")
     add_backend_args(parser)
     parser.add_argument("--out", default=str(DEFAULT_PROFILE), help="where to write the profile")
-    parser.add_argument("--repeats", type=int, default=3, help="timings per point (the median is kept)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timings per point (the median is kept)")
     parser.set_defaults(func=calibrate_command)
 
 

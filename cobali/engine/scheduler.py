@@ -169,7 +169,7 @@ class Scheduler:
         fit_policy = ReserveKv() if self._backing_off() else self.kv
         decoding = [r for r in self.running if r.state is RequestState.DECODE]
         budget = self.budget.tokens(len(decoding), sum(r.n_context_tokens for r in decoding))
-        tick = TickBuilder(self, budget, may_admit=not preempted, fit_policy=fit_policy)
+        tick = TickBuilder(self, budget, decoding, may_admit=not preempted, fit_policy=fit_policy)
         self.batch.compose(tick)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
         # free only because this tick's token budget or KV ran out are not waste.
@@ -180,10 +180,12 @@ class Scheduler:
 class TickBuilder:
     """One tick's batch under construction; the batch policy decides the order of its steps."""
 
-    def __init__(self, scheduler: Scheduler, budget: int, may_admit: bool, fit_policy: KvPolicy) -> None:
+    def __init__(self, scheduler: Scheduler, budget: int, decoding: list[Request], may_admit: bool,
+                 fit_policy: KvPolicy) -> None:
         assert 0 < budget <= scheduler.n_batch
         self.s = scheduler
         self.budget = budget
+        self.decoding = decoding  # generating requests at the tick's start, in admission order
         self.may_admit = may_admit
         self.fit_policy = fit_policy
         self.chunks: list[Chunk] = []
@@ -201,7 +203,7 @@ class TickBuilder:
         return prefilling or bool(self.s.waiting and self.s.slots.can_assign())
 
     def add_decodes(self, limit: int | None = None) -> None:
-        decoding = [r for r in self.s.running if r.state is RequestState.DECODE]
+        decoding = self.decoding
         if limit is not None and len(decoding) > limit:
             # Rotate which requests wait, so a capped decode set starves nobody.
             start = self.s.tick % len(decoding)

@@ -1,0 +1,32 @@
+"""Bad command-line input: an error naming the bad value and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from cobali import cli
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["run", "--prompts", "x.txt", "--max-slots", "0"], "--max-slots: expected a positive integer, got 0"),
+    (["run", "--prompts", "x.txt", "--mode", "fast"], "invalid choice: 'fast'"),
+    (["run", "--prompts", "x.txt", "--itl-target-ms", "nan"], "expected a number >= 0, got nan"),
+    (["run", "--prompts", "/nonexistent/p.txt"], "prompts file not found: /nonexistent/p.txt"),
+    (["run", "--prompts", "x.csv"], "prompts file not found: x.csv"),
+    (["calibrate", "--repeats", "0"], "--repeats: expected a positive integer, got 0"),
+    (["bench", "--configs", "seq,warp", "--prompts", "short_burst"], "unknown config 'warp'"),
+])
+def test_bad_flags_name_the_value(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_missing_profile_for_an_itl_target_is_a_clear_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--prompts", str(prompts), "--itl-target-ms", "100", "--profile", "no-such-profile"])
+    assert exit_info.value.code == 2
+    assert "--profile 'no-such-profile'" in capsys.readouterr().err
