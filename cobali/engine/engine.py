@@ -17,7 +17,7 @@ from cobali.engine.kv import SlotPool
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
-from cobali.engine.sampling import RowSampler, SamplingParams
+from cobali.engine.sampling import RowSampler, SamplingParams, token_logprob
 from cobali.engine.scheduler import Plan, Scheduler
 
 # Called after every sampled token and at finish: (request, text delta). Runs on the engine thread.
@@ -189,7 +189,7 @@ class Engine:
 
     def _fill_batch(self, plan: Plan, now: float) -> int:
         row = 0
-        for chunk in plan.chunks:
+        for chunk in plan.rows:
             request = self.requests[chunk.request_id]
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
@@ -215,19 +215,21 @@ class Engine:
 
     def _sample_plan(self, plan: Plan, logits: np.ndarray, now: float) -> None:
         picks, row = [], 0
-        for chunk in plan.chunks:
+        for chunk in plan.rows:
             request = self.requests[chunk.request_id]
             request.prefill_cursor += chunk.n_tokens
             row += chunk.n_tokens
             if chunk.samples:
                 picks.append((request.id, request.params, row - 1, len(picks)))
         tokens, failures = self.sampler.sample(logits, picks)
-        for (request_id, *_), token in zip(picks, tokens, strict=True):
+        for (request_id, params, _, out_row), token in zip(picks, tokens, strict=True):
+            request = self.requests[request_id]
             if token is None:
-                self._finish(self.requests[request_id], FinishReason.ERROR, now,
-                             f"sampling failed: {failures[request_id]}")
-            else:
-                self._accept(self.requests[request_id], token, now)
+                self._finish(request, FinishReason.ERROR, now, f"sampling failed: {failures[request_id]}")
+                continue
+            if params.logprobs is not None:
+                request.logprobs.append(token_logprob(logits[out_row], token, params.logprobs))
+            self._accept(request, token, now)
 
     def _accept(self, request: Request, token: int, now: float) -> None:
         if request.state is RequestState.PREFILL:

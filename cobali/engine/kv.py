@@ -119,8 +119,7 @@ class SlotPool:
         held by a cached free slot or by a running slot in `sources` (slot -> tokens in its KV)."""
         assert self._free, "no free slot"
         if not (self.prefix_cache and prompt):
-            slot = self._free.popleft()
-            self._clear(slot)
+            slot = self._take_fresh()
             return Assignment(slot, 0)
         tokens = np.asarray(prompt, dtype=np.int32)
         source, reused = self._best_source(tokens, sources or {})
@@ -132,14 +131,22 @@ class SlotPool:
             self._free.remove(slot)
             self.backend.remove_seq(slot, reused, -1)
         else:
-            slot = self._free.popleft()
-            self._clear(slot)
+            slot = self._take_fresh()
             if source is not None:
                 self.backend.copy_seq(source, slot, 0, -1)
                 self.backend.remove_seq(slot, reused, -1)
         self._cached.pop(slot, None)
         self.hit_tokens += reused
         return Assignment(slot, reused)
+
+    def _take_fresh(self) -> int:
+        """The lowest free slot holding no cached prefix, else the least recently released one. Low ids
+        first keep the running seq_ids consecutive, which llama.cpp's per-stream batch split rewards."""
+        empty = [slot for slot in self._free if slot not in self._cached]
+        slot = min(empty) if empty else self._free[0]
+        self._free.remove(slot)
+        self._clear(slot)
+        return slot
 
     def _best_source(self, tokens: np.ndarray, sources: dict[int, np.ndarray]) -> tuple[int | None, int]:
         best, best_len = None, 0

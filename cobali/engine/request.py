@@ -6,7 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from cobali.engine.sampling import SamplingParams
+from cobali.engine.sampling import SamplingParams, TokenLogprob
 
 
 class RequestState(enum.Enum):
@@ -56,6 +56,7 @@ class Request:
     text: str = ""
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, when asked for
     finish_time: float | None = None
 
     def transition(self, new: RequestState) -> None:

@@ -11,6 +11,9 @@ import numpy as np
 if TYPE_CHECKING:
     from cobali.backends.base import Backend, TokenSampler
 
+MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default max_logprobs
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling and stopping. Validated on construction: bad values raise ValueError."""
@@ -27,6 +30,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     grammar: str | None = None
+    logprobs: int | None = None  # report each sampled token's logprob and this many top alternatives
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -40,6 +44,8 @@ class SamplingParams:
         _check(self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         _check(self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+               f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def is_greedy(self) -> bool:
@@ -58,6 +64,24 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the most likely tokens and their logprobs, most likely first
+
+
+def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
+    """Logprobs under the model's own distribution (before penalties, temperature and truncation), which is
+    what vLLM reports by default."""
+    shifted = logits.astype(np.float64) - float(logits.max())
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        best = np.argpartition(-logprobs, k - 1)[:k]
+        best = best[np.argsort(-logprobs[best], kind="stable")]
+        top = tuple((int(t), float(logprobs[t])) for t in best)
+    return TokenLogprob(token, float(logprobs[token]), top)
 
 
 class RowSampler:

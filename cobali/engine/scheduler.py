@@ -12,6 +12,7 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -53,6 +54,13 @@ class Plan:
     admitted: tuple[int, ...] = ()
     wasted_slots: int = 0  # free slots the admission policy kept from waiting requests this tick
     preempted: tuple[int, ...] = ()
+
+    @cached_property
+    def rows(self) -> tuple[Chunk, ...]:
+        """The chunks in batch-row order, by slot (= seq_id); `chunks` keeps the scheduling priority order.
+        With per-sequence KV streams llama.cpp cuts a batch into micro-batches of consecutive seq_ids, so
+        any other order multiplies the graph runs: a shuffled 16-row decode costs 1.5x a sorted one."""
+        return tuple(sorted(self.chunks, key=lambda c: c.slot))
 
     @property
     def n_tokens(self) -> int:

@@ -41,10 +41,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
     parser.add_argument("--shutdown-grace", type=_seconds, default=30.0,
                         help="on SIGTERM, seconds in-flight requests get to finish before they are aborted")
+    parser.add_argument("--replicas", type=positive_int, default=1,
+                        help="engines behind one endpoint, with Ray Serve (optional extra: pip install 'cobali[ray]')")
+    parser.add_argument("--ray-address", default=None,
+                        help="Ray cluster for --replicas > 1 (default: start a local one)")
     parser.set_defaults(func=_serve_command)
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    from cobali.server.serve import serve
+    if args.replicas == 1:
+        if args.ray_address is not None:
+            raise ValueError("--ray-address needs --replicas > 1 (one replica runs in this process)")
+        from cobali.server.serve import serve
 
-    return serve(args)
+        return serve(args)
+    try:
+        from cobali.ray.serve import serve_replicas  # Ray is an optional extra: imported only here
+    except ImportError as err:
+        raise ValueError(f"--replicas > 1 needs Ray Serve (pip install 'cobali[ray]'): {err}") from None
+
+    return serve_replicas(args)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Mapping
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from cobali.bench.metrics import request_timing
 from cobali.engine.engine import Engine, TickRecord
@@ -91,6 +94,28 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Families:
+    """Already-collected metric families, in the shape generate_latest reads (anything with collect())."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def merge_expositions(texts: Mapping[str, str], label: str = "replica") -> bytes:
+    """Several servers' /metrics as one exposition, every sample labelled with the server it came from.
+
+    Concatenating the texts would repeat each family's HELP/TYPE lines, which Prometheus rejects."""
+    families: dict[str, Metric] = {}
+    for value, text in texts.items():
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            merged.samples += [s._replace(labels={**s.labels, label: value}) for s in family.samples]
+    return generate_latest(_Families(list(families.values())))
 
 
 def timings_line(request: Request) -> str:

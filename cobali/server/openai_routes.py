@@ -18,6 +18,7 @@ from cobali.engine.request import Request as EngineRequest
 from cobali.engine.sampling import SamplingParams
 from cobali.server.engine_thread import EngineUnavailable, Generation
 from cobali.server.errors import APIError, bad_request, unavailable
+from cobali.server.logprobs import LogprobWriter
 from cobali.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from cobali.server.state import ServerContext
 
@@ -38,14 +39,14 @@ class Kind:
     def chunk_object(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def choice(self, index: int, request: EngineRequest) -> dict:
+    def choice(self, index: int, request: EngineRequest, logprobs: dict | None) -> dict:
         text = request.text
         key, value = ("message", {"role": "assistant", "content": text}) if self.chat else ("text", text)
-        return {"index": index, key: value, "logprobs": None, "finish_reason": _finish_reason(request)}
+        return {"index": index, key: value, "logprobs": logprobs, "finish_reason": _finish_reason(request)}
 
-    def chunk_choice(self, index: int, text: str, finish_reason: str | None) -> dict:
+    def chunk_choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict:
         key, value = ("delta", {"content": text} if text else {}) if self.chat else ("text", text)
-        return {"index": index, key: value, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, key: value, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 COMPLETION, CHAT = Kind(chat=False), Kind(chat=True)
@@ -58,8 +59,10 @@ def _finish_reason(request: EngineRequest) -> str | None:
 class Reply:
     """The envelope shared by a response and all of its stream chunks."""
 
-    def __init__(self, kind: Kind, model: str, generation: Generation, prompt_tokens: int) -> None:
+    def __init__(self, kind: Kind, model: str, generation: Generation, prompt_tokens: int,
+                 logprobs: LogprobWriter | None) -> None:
         self.kind = kind
+        self.logprobs = logprobs
         self.id = f"{'chatcmpl' if kind.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
@@ -75,8 +78,12 @@ class Reply:
                              "total_tokens": self.prompt_tokens + completion}
         return body
 
+    def new_logprobs(self, index: int) -> dict | None:
+        """The logprobs of choice `index`'s tokens not reported yet (all of them, in a full response)."""
+        return self.logprobs.render_new(index, self.generation.requests[index]) if self.logprobs else None
+
     def full(self) -> dict:
-        choices = [self.kind.choice(i, r) for i, r in enumerate(self.generation.requests)]
+        choices = [self.kind.choice(i, r, self.new_logprobs(i)) for i, r in enumerate(self.generation.requests)]
         return self.envelope(self.kind.object, choices, usage=True)
 
     def chunk(self, choices: list[dict], usage: bool = False) -> str:
@@ -115,7 +122,8 @@ async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIter
             async for delta in generation.events():
                 request = generation.requests[delta.index]
                 reason = _finish_reason(request) if delta.finished else None
-                yield reply.chunk([reply.kind.chunk_choice(delta.index, delta.text, reason)])
+                logprobs = reply.new_logprobs(delta.index)
+                yield reply.chunk([reply.kind.chunk_choice(delta.index, delta.text, reason, logprobs)])
             if include_usage:
                 yield reply.chunk([], usage=True)
             yield "data: [DONE]\n\n"
@@ -158,7 +166,10 @@ async def _generate(http: Request, engine: Engine, body: GenerationRequest, prom
     server: ServerContext = http.app.state.server
     choices = _choices(engine, body, prompts)
     generation = server.engine_thread.submit(choices, priority=body.priority)
-    reply = Reply(kind, server.model_name, generation, sum(map(len, prompts)))
+    logprobs = None
+    if choices[0][1].logprobs is not None:
+        logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(choices))
+    reply = Reply(kind, server.model_name, generation, sum(map(len, prompts)), logprobs)
     if body.stream:
         return StreamingResponse(_stream(http, reply, body.include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

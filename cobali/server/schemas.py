@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible routes.
 
 Strict mode: a wrong JSON type is a 400, never silently coerced ("5" is not an integer). Unknown fields are
-ignored, as OpenAI clients send extras; fields we cannot honour (logprobs, echo, tools, ...) are rejected.
+ignored, as OpenAI clients send extras; fields we cannot honour (echo, suffix, tools, ...) are rejected.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from cobali.engine.sampling import SamplingParams
+from cobali.engine.sampling import MAX_LOGPROBS, SamplingParams
 from cobali.server.grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
 
 # Choices per HTTP request (prompts x n): each is an engine request holding a slot, and one client should
@@ -137,15 +137,20 @@ class GenerationRequest(_Body):
             seed=None if self.seed is None else (self.seed + copy) % 2**32, stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
             grammar=self.response_format.grammar() if self.response_format else None,
+            logprobs=self.logprob_count(),
         )
+
+    def logprob_count(self) -> int | None:
+        """Top alternatives to report per token; None: no logprobs at all."""
+        return None
 
 
 class CompletionRequest(GenerationRequest):
-    unsupported: ClassVar[tuple[str, ...]] = ("logprobs", "echo", "suffix")
+    unsupported: ClassVar[tuple[str, ...]] = ("echo", "suffix")
 
     prompt: Annotated[str | list[str] | list[int] | list[list[int]],
                       _one_of("a string, a list of strings, token ids, or a list of token id lists")]
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
 
@@ -157,6 +162,9 @@ class CompletionRequest(GenerationRequest):
         if n_prompts * self.n > MAX_CHOICES:
             raise ValueError(f"prompts x n must be at most {MAX_CHOICES}, got {n_prompts} x {self.n}")
         return self
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """The batch of prompts: a string, token ids, or a list of either."""
@@ -185,14 +193,23 @@ class ChatMessage(_Body):
 
 class ChatCompletionRequest(GenerationRequest):
     default_max_tokens: ClassVar[int | None] = None
-    unsupported: ClassVar[tuple[str, ...]] = ("logprobs", "top_logprobs", "tools", "functions")
+    unsupported: ClassVar[tuple[str, ...]] = ("tools", "functions")
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     functions: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return self
+
+    def logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or super().requested_max_tokens()

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from cobali.model import embedded_model_path
 from cobali.options import build_engine, engine_config
@@ -32,12 +33,17 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def build_app(args: argparse.Namespace) -> FastAPI:
+    """The server's app from its flags; each Ray Serve replica hosts one too (cobali.ray.serve)."""
+    model_name = args.served_model_name or Path(args.model or embedded_model_path()).stem
+    return create_app(lambda: build_engine(args), model_name, args.max_queue, args.api_key, args.max_body_bytes)
+
+
 def serve(args: argparse.Namespace) -> int:
     engine_config(args)  # most bad flag combinations fail here, before the port is bound; the rest at load
-    model_name = args.served_model_name or Path(args.model or embedded_model_path()).stem
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    app = create_app(lambda: build_engine(args), model_name, args.max_queue, args.api_key, args.max_body_bytes)
+    app = build_app(args)
     thread: EngineThread = app.state.server.engine_thread
     # The engine aborts what is left when the grace period ends, and the clients get a 503; uvicorn's own
     # timeout, which cancels handlers outright, is only a backstop.
@@ -54,7 +60,7 @@ def serve(args: argparse.Namespace) -> int:
     # uvicorn re-raises the SIGTERM it caught once its shutdown is done, under the handler it found: make
     # that a no-op, since by then the shutdown was graceful and the exit status should be 0.
     signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
-    log.info("serving %s on http://%s:%d (loading the model)", model_name, args.host, args.port)
+    log.info("serving %s on http://%s:%d (loading the model)", app.state.server.model_name, args.host, args.port)
     server.run()
     if load_errors:
         log.error("exiting: %s", load_errors[0])

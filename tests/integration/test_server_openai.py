@@ -108,6 +108,19 @@ def test_chat_whole_and_streamed(client: OpenAI) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in deltas) == text
 
 
+def test_logprobs_through_the_openai_client(client: OpenAI) -> None:
+    completion = client.completions.create(model="smol", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2,
+                                           extra_body={"ignore_eos": True}).choices[0]
+    assert "".join(completion.logprobs.tokens) == completion.text
+    assert all(len(top) <= 2 and max(top.values()) == lp
+               for top, lp in zip(completion.logprobs.top_logprobs, completion.logprobs.token_logprobs, strict=True))
+    chat = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Say hello."}],
+                                          max_tokens=6, temperature=0, logprobs=True, top_logprobs=3).choices[0]
+    content = chat.logprobs.content
+    assert content and all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token for c in content)
+    assert all(c.logprob <= 0 for c in content)
+
+
 def test_stop_strings_are_honoured(client: OpenAI) -> None:
     full = client.completions.create(model="smol", prompt=PROMPT, max_tokens=16, temperature=0,
                                      extra_body={"ignore_eos": True}).choices[0].text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
@@ -173,3 +174,48 @@ def test_fake_sampler_survives_extreme_parameters() -> None:
                             ignore_eos=True, seed=1)
     (r,) = make_engine().generate(["abc"], params)
     assert r.finish_reason is FinishReason.LENGTH and len(r.output_tokens) == 5
+
+
+def test_batch_rows_follow_slot_order() -> None:
+    """llama.cpp splits a per-stream batch at every break in consecutive seq_ids, so rows go in slot order
+    (the plan's chunks keep decode-first priority order)."""
+    engine = make_engine(slots=4)
+    seen: list[list[int]] = []
+    decode = engine.backend.decode
+
+    def recording_decode(tokens, positions, seq_ids, want_logits):
+        seen.append(list(seq_ids))
+        return decode(tokens, positions, seq_ids, want_logits)
+
+    engine.backend.decode = recording_decode
+    lengths = [3, 9, 2, 7, 5, 4, 8]
+    for i, n in enumerate(lengths):
+        engine.add_request(f"prompt number {i} " * (i + 1), SamplingParams(max_tokens=n, ignore_eos=True))
+    mixed = False
+    while engine.has_work:
+        record = engine.step()
+        if record is None:
+            continue
+        kinds = [c.kind.value for c in record.plan.chunks]
+        mixed |= "decode" in kinds and "prefill" in kinds and [c.slot for c in record.plan.rows] != [
+            c.slot for c in record.plan.chunks]
+        assert seen[-1] == sorted(seen[-1])
+    assert mixed, "the scenario has a tick whose row order differs from its priority order"
+
+
+def test_logprobs_are_the_model_distribution_and_sorted() -> None:
+    engine = make_engine()
+    captured: list[np.ndarray] = []
+    decode = engine.backend.decode
+    engine.backend.decode = lambda *a: captured.append(decode(*a).copy()) or captured[-1]
+    (r,) = engine.generate(["logprob me"], SamplingParams(max_tokens=4, ignore_eos=True, logprobs=3))
+    assert [e.token for e in r.logprobs] == r.output_tokens
+    for entry, logits in zip(r.logprobs, captured, strict=True):
+        expected = logits[-1] - np.log(np.exp(logits[-1] - logits[-1].max()).sum()) - logits[-1].max()
+        assert entry.logprob == pytest.approx(expected[entry.token])
+        assert [t for t, _ in entry.top] == list(np.argsort(-expected, kind="stable")[:3])
+        assert entry.top[0] == (entry.token, pytest.approx(entry.logprob)), "greedy picks the likeliest"
+    (plain,) = make_engine().generate(["logprob me"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert plain.logprobs == [] and plain.output_tokens == r.output_tokens
+    with pytest.raises(ValueError, match="logprobs"):
+        SamplingParams(logprobs=21)

@@ -106,10 +106,12 @@ def test_lru_cached_prefix_is_evicted_first() -> None:
     engine.generate([a], SamplingParams(max_tokens=1))
     engine.generate([b], SamplingParams(max_tokens=1))
     assert engine.slots.cached_blocks == 4 and engine.backend.kv[0] == a and engine.backend.kv[1] == b
-    engine.add_request(prompt(60, 3), SamplingParams(max_tokens=1))  # needs 4 blocks: one prefix must go
+    c = prompt(60, 3)
+    engine.add_request(c, SamplingParams(max_tokens=1))  # needs 4 blocks: one prefix must go
     engine.step()
-    assert engine.backend.kv[0] == [], "a's prefix was released first: it is evicted"
+    assert engine.backend.kv[0] == c, "a's prefix was released first: it is evicted, and c takes the lowest slot"
     assert engine.backend.kv[1] == b
+    assert engine.backend.kv[2] == []
 
 
 def test_head_of_line_bypass_is_bounded() -> None:

@@ -109,6 +109,38 @@ def test_n_choices_and_prompt_batches(api: TestClient) -> None:
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
 
 
+def test_completion_logprobs_whole_and_streamed(api: TestClient) -> None:
+    request = {"prompt": "probe", "max_tokens": 7, "ignore_eos": True, "logprobs": 3, "temperature": 0}
+    body = api.post("/v1/completions", json=request).json()
+    [choice] = body["choices"]
+    logprobs = choice["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == body["usage"]["completion_tokens"] == 7
+    assert "".join(logprobs["tokens"]) == choice["text"]
+    assert logprobs["text_offset"] == [len("".join(logprobs["tokens"][:i])) for i in range(7)]
+    for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"],
+                                   strict=True):
+        assert 1 <= len(top) <= 3 and all(lp <= 0 for lp in top.values())
+        assert top[token] == logprob == max(top.values()), "greedy picks the likeliest token"
+    chunks = sse_payloads(api.post("/v1/completions", json={**request, "stream": True}).text)
+    streamed = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert streamed == logprobs["tokens"]
+
+
+def test_chat_logprobs_have_top_alternatives(api: TestClient) -> None:
+    request = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+               "logprobs": True, "top_logprobs": 2}
+    body = api.post("/v1/chat/completions", json=request).json()
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == 5
+    for item in content:
+        assert [t["logprob"] for t in item["top_logprobs"]] == sorted((t["logprob"] for t in item["top_logprobs"]),
+                                                                     reverse=True)
+        assert len(item["top_logprobs"]) == 2 and item["top_logprobs"][0]["logprob"] == item["logprob"]
+        assert bytes(item["bytes"]).decode() == item["token"]
+    plain = api.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert plain.json()["choices"][0]["logprobs"] is None
+
+
 def test_response_format_is_accepted(api: TestClient) -> None:
     schema = {"name": "x", "schema": {"type": "object"}}
     for response_format in ({"type": "json_object"}, {"type": "json_schema", "json_schema": schema}):
@@ -130,7 +162,8 @@ def test_response_format_is_accepted(api: TestClient) -> None:
     ({"prompt": [1, "a"]}, "prompt", ""),
     ({"prompt": "x", "temperature": -1}, "temperature", "greater than or equal to 0"),
     ({"prompt": "x", "stop": ""}, None, "non-empty"),
-    ({"prompt": "x", "logprobs": 1}, None, "logprobs is not supported"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs", "less than or equal to 20"),
+    ({"prompt": "x", "echo": True}, None, "echo is not supported"),
     ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format", "json_schema is requ"),
     ({"max_tokens": 3}, "prompt", "Field required"),
     ({"prompt": "x", "priority": "high"}, "priority", "valid integer"),
@@ -152,7 +185,8 @@ def test_bad_completion_bodies_are_400(api: TestClient, body: object, param: str
     {"messages": []},
     {"messages": [{"role": "user"}], "max_completion_tokens": 0},
     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-    {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+    {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+    {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
     {"messages": "hi"},
 ])
 def test_bad_chat_bodies_are_400(api: TestClient, body: dict) -> None:

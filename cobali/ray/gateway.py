@@ -1,0 +1,155 @@
+"""The one HTTP endpoint in front of several engine replicas.
+
+Requests are relayed whole to one replica, which answers with the single server's own app (auth, validation,
+4xx, SSE): the gateway only chooses. /metrics, /health and /slots ask every replica and combine. No Ray
+import here: an engine is anything that turns a request into the app's ASGI messages (cobali.ray.serve
+wraps a Ray Serve handle; the unit tests call the apps in-process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import Message, Receive, Scope, Send
+
+from cobali.ray.asgi import HTTPRequest
+from cobali.server.errors import APIError, install_error_handlers, unavailable
+from cobali.server.limits import BodyLimit
+from cobali.server.metrics import merge_expositions
+
+log = logging.getLogger("cobali.server")
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+
+
+class EngineClient(Protocol):
+    def messages(self, request: HTTPRequest) -> AsyncIterator[Message]: ...
+
+
+class LeastBusy:
+    """Power of two choices on requests in flight. Every request passes through the gateway, so its counts
+    are exact and current: a burst spreads at once, with no stale probe and no extra round trip."""
+
+    def __init__(self, n: int, rng: random.Random | None = None) -> None:
+        self.in_flight = [0] * n
+        self._rng = rng or random.Random()
+
+    def pick(self) -> int:
+        candidates = self._rng.sample(range(len(self.in_flight)), min(2, len(self.in_flight)))
+        return min(candidates, key=self.in_flight.__getitem__)  # random order, so ties break at random
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+
+    def response(self) -> Response:
+        return Response(self.body, self.status, media_type="application/json")
+
+
+class Relay(Response):
+    """The chosen replica's response, message by message: status, headers and every SSE chunk as sent."""
+
+    def __init__(self, engines: Sequence[EngineClient], router: LeastBusy, request: HTTPRequest) -> None:
+        super().__init__()
+        self._engines, self._router, self._request = engines, router, request
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        index = self._router.pick()
+        self._router.in_flight[index] += 1
+        started = False
+        try:
+            async for message in self._engines[index].messages(self._request):
+                started = started or message["type"] == "http.response.start"
+                await send(message)
+        except Exception as err:
+            if started:  # too late for an error response: the connection just ends
+                raise
+            log.warning("replica %d failed: %s", index, err)
+        finally:
+            self._router.in_flight[index] -= 1
+        if not started:
+            await unavailable(f"replica {index} did not answer").response()(scope, receive, send)
+
+
+async def _fetch(engine: EngineClient, request: HTTPRequest) -> Reply | None:
+    """A whole response from one replica; None if the replica could not be reached."""
+    status, chunks = 0, []
+    try:
+        async for message in engine.messages(request):
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            else:
+                chunks.append(message.get("body", b""))
+    except Exception as err:
+        log.warning("a replica did not answer %s: %s", request.path, err)
+        return None
+    return Reply(status, b"".join(chunks)) if status else None
+
+
+async def _incoming(http: Request) -> HTTPRequest:
+    return HTTPRequest(http.method, http.url.path, http.scope["query_string"], list(http.scope["headers"]),
+                       await http.body())
+
+
+def gateway_app(engines: Sequence[EngineClient], max_body_bytes: int) -> FastAPI:
+    router = LeastBusy(len(engines))
+    # No docs routes of its own: /docs and /openapi.json are relayed, so they describe the replicas' API.
+    app = FastAPI(title="cobali", openapi_url=None, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # refused here, before it travels to a replica
+
+    async def ask_all(http: Request) -> list[Reply | None]:
+        request = await _incoming(http)
+        return await asyncio.gather(*(_fetch(engine, request) for engine in engines))
+
+    @app.get("/metrics")
+    async def metrics(http: Request) -> Response:
+        replies = await ask_all(http)
+        texts = {str(i): r.body.decode() for i, r in enumerate(replies) if r is not None and r.status == 200}
+        return Response(merge_expositions(texts), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/health")
+    async def health(http: Request) -> Response:
+        """Healthy while any replica can serve; each replica's own answer is listed."""
+        states = {str(i): _health_state(r) for i, r in enumerate(await ask_all(http))}
+        if "ok" not in states.values():
+            return unavailable(f"no replica is ready: {states}").response()
+        return JSONResponse({"status": "ok", "replicas": states})
+
+    @app.get("/slots")
+    async def slots(http: Request) -> Response:
+        rows = []
+        for i, reply in enumerate(await ask_all(http)):
+            if reply is None:
+                continue
+            if reply.status != 200:  # e.g. 401: the replicas check the API key
+                return reply.response()
+            rows += [{"replica": str(i), **row} for row in json.loads(reply.body)]
+        return JSONResponse(rows)
+
+    @app.api_route("/{path:path}", methods=METHODS, include_in_schema=False)
+    async def relay(http: Request) -> Response:
+        return Relay(engines, router, await _incoming(http))
+
+    return app
+
+
+def _health_state(reply: Reply | None) -> str:
+    if reply is None:
+        return "unreachable"
+    if reply.status == 200:
+        return "ok"
+    try:
+        return json.loads(reply.body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {reply.status}"
