@@ -1,8 +1,8 @@
 """`cobali calibrate`: measure the backend on this machine and save a cost profile.
 
-Three kinds of batch are timed straight through the backend seam (no scheduler in the way):
-prefill chunks of several sizes, decode steps for several sequence counts and context lengths,
-and prefill chunks with every slot's decode row mixed in.
+Four kinds of batch are timed straight through the backend seam (no scheduler in the way):
+prefill chunks of several sizes, the same chunks resumed deep into a long prompt, decode steps for
+several sequence counts and context lengths, and prefill chunks with every slot's decode row mixed in.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ PREFILL_SIZES = (32, 64, 128, 256, 512)
 DECODE_SEQS = (1, 2, 4, 8, 16)
 DECODE_KV = (128, 512)
 MIX_SIZES = (64, 256)
+DEEP_SIZES = (64, 256)
+DEEP_STARTS = (512, 1024, 1536)
 SOURCE_SEQ = 0
 
 
@@ -61,6 +63,7 @@ def measure(backend: Backend, max_slots: int, n_batch: int, repeats: int = 3) ->
         backend.remove_seq(fresh)
         seconds = _time_batch(backend, [(fresh, p) for p in range(size)], repeats)
         points.append(Measurement(size, 0, 0, seconds))
+    points += _measure_deep_prefill(backend, fresh, n_batch, repeats)
     decode_seqs = [n for n in DECODE_SEQS if n < max_slots] or [1]
     for kv_len in DECODE_KV:
         _fill(backend, max(decode_seqs), kv_len, n_batch)
@@ -75,16 +78,35 @@ def measure(backend: Backend, max_slots: int, n_batch: int, repeats: int = 3) ->
     return points
 
 
+def _measure_deep_prefill(backend: Backend, seq: int, n_batch: int, repeats: int) -> list[Measurement]:
+    """Chunks resumed at a deep position: what they attend to beyond themselves costs extra."""
+    points = []
+    done = 0
+    backend.remove_seq(seq)
+    for start in (s for s in DEEP_STARTS if s + max(DEEP_SIZES) <= backend.info.n_ctx_seq):
+        while done < start:  # extend the prompt in KV up to this depth
+            n = min(n_batch, start - done)
+            pos = np.arange(done, done + n, dtype=np.int32)
+            backend.decode((1000 + pos).astype(np.int32), pos, np.full(n, seq, np.int32), np.zeros(n, np.int8))
+            done += n
+        for size in (s for s in DEEP_SIZES if s <= n_batch):
+            seconds = _time_batch(backend, [(seq, p) for p in range(start, start + size)], repeats)
+            points.append(Measurement(size, 0, 0, seconds, prefill_kv_tokens=size * start))
+    backend.remove_seq(seq)
+    return points
+
+
 def format_profile(profile: CostProfile) -> str:
-    lines = [f"{'prefill':>8}{'decode':>8}{'kv':>8}{'measured ms':>13}{'model ms':>10}{'tok/s':>9}"]
+    lines = [f"{'prefill':>8}{'at':>6}{'decode':>8}{'kv':>8}{'measured ms':>13}{'model ms':>10}{'tok/s':>9}"]
     for m in profile.measurements:
-        model = profile.predict_tick_s(m.prefill_tokens, m.decode_rows, m.decode_kv_tokens)
         rate = (m.prefill_tokens + m.decode_rows) / m.seconds
-        lines.append(f"{m.prefill_tokens:>8}{m.decode_rows:>8}{m.decode_kv_tokens:>8}"
-                     f"{m.seconds * 1e3:>13.1f}{model * 1e3:>10.1f}{rate:>9.1f}")
+        depth = m.prefill_kv_tokens // m.prefill_tokens if m.prefill_tokens else 0
+        lines.append(f"{m.prefill_tokens:>8}{depth:>6}{m.decode_rows:>8}{m.decode_kv_tokens:>8}"
+                     f"{m.seconds * 1e3:>13.1f}{profile.predict(m) * 1e3:>10.1f}{rate:>9.1f}")
     lines.append(f"fit: tick = {profile.t0_s * 1e3:.2f} ms + {profile.prefill_s_per_token * 1e3:.3f} ms/prefill token"
                  f" + {profile.decode_s_per_row * 1e3:.3f} ms/decode row"
-                 f" + {profile.decode_s_per_kv_token * 1e6:.3f} us/decode KV token")
+                 f" + {profile.decode_s_per_kv_token * 1e6:.3f} us/decode KV token"
+                 f" + {profile.prefill_s_per_kv_token * 1e6:.3f} us/prefill token per position of depth")
     return "\n".join(lines)
 
 

@@ -1,10 +1,13 @@
 """A backend's cost profile: predicted time of one tick from what the batch carries.
 
     tick_s = t0_s + prefill_s_per_token * P + decode_s_per_row * D + decode_s_per_kv_token * KV
+             + prefill_s_per_kv_token * PKV
 
-P prefill tokens, D decode rows, KV the decode rows' context tokens summed. `cobali calibrate` measures
-the points and fits the four coefficients by least squares; the adaptive budget and the simulator
-read the same JSON. The model is linear: a tick mixing prefill and decode costs the sum of its parts.
+P prefill tokens, D decode rows, KV the decode rows' context tokens summed, PKV the context each prefill
+chunk attends to beyond itself (its tokens times its start position, summed): on this CPU a 64-token chunk
+at position 1536 costs several times one at position 0. `cobali calibrate` measures the points and fits
+the five coefficients by least squares; the adaptive budget and the simulator read the same JSON. The
+model is linear: a tick mixing prefill and decode costs the sum of its parts.
 
 Bundled profiles (`--profile NAME`):
 - `cpu-2core-smollm2`: this project's 2-core CPU and SmolLM2-135M Q4_1, measured by `cobali calibrate`.
@@ -30,6 +33,7 @@ class Measurement:
     decode_rows: int
     decode_kv_tokens: int
     seconds: float
+    prefill_kv_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,17 +42,23 @@ class CostProfile:
     prefill_s_per_token: float
     decode_s_per_row: float
     decode_s_per_kv_token: float
+    prefill_s_per_kv_token: float = 0.0
     device: str = ""
     source: str = ""
     measurements: tuple[Measurement, ...] = field(default=(), repr=False)
 
-    def predict_tick_s(self, n_prefill_tokens: int, n_decode_rows: int, decode_kv_tokens: int) -> float:
+    def predict_tick_s(self, n_prefill_tokens: int, n_decode_rows: int, decode_kv_tokens: int,
+                       prefill_kv_tokens: int = 0) -> float:
         return (self.t0_s + self.prefill_s_per_token * n_prefill_tokens + self.decode_s_per_row * n_decode_rows
-                + self.decode_s_per_kv_token * decode_kv_tokens)
+                + self.decode_s_per_kv_token * decode_kv_tokens + self.prefill_s_per_kv_token * prefill_kv_tokens)
+
+    def predict(self, m: Measurement) -> float:
+        return self.predict_tick_s(m.prefill_tokens, m.decode_rows, m.decode_kv_tokens, m.prefill_kv_tokens)
 
     @classmethod
     def fit(cls, points: list[Measurement], device: str, source: str) -> CostProfile:
-        x = np.array([[1.0, m.prefill_tokens, m.decode_rows, m.decode_kv_tokens] for m in points])
+        x = np.array([[1.0, m.prefill_tokens, m.decode_rows, m.decode_kv_tokens, m.prefill_kv_tokens]
+                      for m in points])
         y = np.array([m.seconds for m in points])
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
         coef = np.maximum(coef, 0.0)  # a negative cost is noise, and would make the budget unbounded

@@ -35,13 +35,14 @@ class FakeBackend:
     n_vocab: int = 96
     fail_on_calls: set[int] = field(default_factory=set)  # decode call indices that raise
     fail_code: int = -3  # what they raise: 1 is llama.cpp's "no KV slot", negatives are fatal errors
+    prefill_tile: int = 1
     batches: list[Batch] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n_ctx = self.n_ctx_seq if self.kv_unified else self.n_ctx_seq * self.n_seq_max
         self.info = BackendInfo(
             n_vocab=self.n_vocab, n_ctx=n_ctx, n_ctx_seq=self.n_ctx_seq, n_seq_max=self.n_seq_max,
-            n_batch=self.n_batch, kv_unified=self.kv_unified, description="fake",
+            n_batch=self.n_batch, kv_unified=self.kv_unified, description="fake", prefill_tile=self.prefill_tile,
         )
         self.kv: dict[int, list[int]] = {s: [] for s in range(self.n_seq_max)}
         self.last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)

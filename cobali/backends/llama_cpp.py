@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import llama_cpp as ll
 import numpy as np
 
-from cobali.backends.base import BackendInfo, DecodeError
+from cobali.backends.base import LLAMA_CPP_PREFILL_TILE, BackendInfo, DecodeError
 from cobali.engine.sampling import SamplingParams
 
 _DECODE_ERRORS = {1: "no KV slot for the batch (KV cache full)", 2: "decode aborted"}
@@ -58,6 +58,7 @@ class LlamaCppBackend:
             n_batch=ll.llama_n_batch(self.ctx),
             kv_unified=options.kv_unified,
             description=self._describe(options),
+            prefill_tile=LLAMA_CPP_PREFILL_TILE,
         )
         self._batch = _OwnedBatch(self.info.n_batch)
         self._pieces: dict[int, bytes] = {}

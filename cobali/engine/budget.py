@@ -2,8 +2,9 @@
 
 Fixed: always n_batch (the paper's setting, with a fixed --prefill-chunk-tokens). Adaptive: a measured
 cost profile predicts the tick's time, and prefill gets as many tokens as fit under the ITL target
-once this tick's decode rows are paid for. With nothing decoding there is no ITL to protect, so
-prefill takes the whole n_batch; with a long decode set it still gets min_chunk, so TTFT stays bounded.
+once this tick's decode rows are paid for, priced at the depth of the deepest prompt being prefilled
+(a chunk deep into a long prompt attends to all of it). With nothing decoding there is no ITL to protect,
+so prefill takes the whole n_batch; with a long decode set it still gets min_chunk, so TTFT stays bounded.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from typing import Protocol
 
 
 class CostModel(Protocol):
-    def predict_tick_s(self, n_prefill_tokens: int, n_decode_rows: int, decode_kv_tokens: int) -> float: ...
+    def predict_tick_s(self, n_prefill_tokens: int, n_decode_rows: int, decode_kv_tokens: int,
+                       prefill_kv_tokens: int = 0) -> float: ...
 
 
 class TickBudget(Protocol):
-    def tokens(self, n_decode: int, decode_kv_tokens: int) -> int:
-        """The tick's token budget, decode rows included."""
+    def tokens(self, n_decode: int, decode_kv_tokens: int, prefill_depth: int = 0) -> int:
+        """The tick's token budget, decode rows included; prefill_depth: where the deepest prefill resumes."""
         ...
 
 
@@ -26,7 +28,7 @@ class TickBudget(Protocol):
 class FixedBudget:
     n_batch: int
 
-    def tokens(self, n_decode: int, decode_kv_tokens: int) -> int:
+    def tokens(self, n_decode: int, decode_kv_tokens: int, prefill_depth: int = 0) -> int:
         return self.n_batch
 
 
@@ -41,22 +43,22 @@ class AdaptiveBudget:
         if self.itl_target_s <= 0:
             raise ValueError(f"the ITL target must be > 0 ms, got {self.itl_target_s * 1e3:g}")
 
-    def prefill_tokens(self, n_decode: int, decode_kv_tokens: int) -> int:
+    def prefill_tokens(self, n_decode: int, decode_kv_tokens: int, prefill_depth: int = 0) -> int:
         room = self.n_batch - n_decode
         if n_decode == 0:
             return room
         base = self.costs.predict_tick_s(0, n_decode, decode_kv_tokens)
-        per_token = self.costs.predict_tick_s(1, n_decode, decode_kv_tokens) - base
+        per_token = self.costs.predict_tick_s(1, n_decode, decode_kv_tokens, prefill_depth) - base
         fit = int((self.itl_target_s - base) / per_token) if per_token > 0 else room
         return max(min(fit, room), min(self.min_chunk, room))
 
-    def tokens(self, n_decode: int, decode_kv_tokens: int) -> int:
-        return n_decode + self.prefill_tokens(n_decode, decode_kv_tokens)
+    def tokens(self, n_decode: int, decode_kv_tokens: int, prefill_depth: int = 0) -> int:
+        return n_decode + self.prefill_tokens(n_decode, decode_kv_tokens, prefill_depth)
 
 
-def tick_budget(n_batch: int, itl_target_ms: float, costs: CostModel | None) -> TickBudget:
+def tick_budget(n_batch: int, itl_target_ms: float, costs: CostModel | None, prefill_tile: int = 1) -> TickBudget:
     if itl_target_ms <= 0:
         return FixedBudget(n_batch)
     if costs is None:
         raise ValueError("an ITL target needs a cost profile (run `cobali calibrate`)")
-    return AdaptiveBudget(costs, itl_target_ms / 1e3, n_batch)
+    return AdaptiveBudget(costs, itl_target_ms / 1e3, n_batch, min_chunk=max(AdaptiveBudget.min_chunk, prefill_tile))

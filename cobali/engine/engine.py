@@ -84,7 +84,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
-            budget=tick_budget(config.n_batch, config.itl_target_ms, costs),
+            budget=tick_budget(config.n_batch, config.itl_target_ms, costs, backend.info.prefill_tile),
         )
         self.sampler = RowSampler(backend)
         self.eog = backend.eog_mask()

@@ -176,7 +176,8 @@ class Scheduler:
         preempted = self._grow_decodes()
         fit_policy = ReserveKv() if self._backing_off() else self.kv
         decoding = [r for r in self.running if r.state is RequestState.DECODE]
-        budget = self.budget.tokens(len(decoding), sum(r.n_context_tokens for r in decoding))
+        depth = max((r.prefill_cursor for r in self.running if r.state is RequestState.PREFILL), default=0)
+        budget = self.budget.tokens(len(decoding), sum(r.n_context_tokens for r in decoding), depth)
         tick = TickBuilder(self, budget, decoding, may_admit=not preempted, fit_policy=fit_policy)
         self.batch.compose(tick)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
@@ -222,8 +223,15 @@ class TickBuilder:
     def add_prefills(self) -> None:
         for request in self.s.running:
             if request.state is RequestState.PREFILL and self.budget > 0:
-                self._add(request, min(request.uncached_tokens, self.chunk_tokens, self.budget), ChunkKind.PREFILL)
+                self._add_prefill(request)
         self._admit()
+
+    def _add_prefill(self, request: Request) -> None:
+        """The next chunk, unless only a budget leftover too short for the backend's fast path remains."""
+        n = min(request.uncached_tokens, self.chunk_tokens, self.budget)
+        cut_by_budget = n == self.budget < min(request.uncached_tokens, self.chunk_tokens)
+        if n > 0 and not (cut_by_budget and n < self.s.slots.backend.info.prefill_tile):
+            self._add(request, n, ChunkKind.PREFILL)
 
     def _admit(self) -> None:
         s = self.s
@@ -235,9 +243,7 @@ class TickBuilder:
             if request is None:
                 break
             self._assign(request)
-            n = min(request.uncached_tokens, self.chunk_tokens, self.budget)
-            if n > 0:
-                self._add(request, n, ChunkKind.PREFILL)
+            self._add_prefill(request)
         self.allowance = limit - len(self.admitted)
 
     def _fits(self, request: Request) -> bool:

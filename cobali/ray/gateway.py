@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import Message, Receive, Scope, Send
 
 from cobali.ray.asgi import HTTPRequest
-from cobali.server.errors import APIError, install_error_handlers, unavailable
+from cobali.server.errors import install_error_handlers, unavailable
 from cobali.server.limits import BodyLimit
 from cobali.server.metrics import merge_expositions
 

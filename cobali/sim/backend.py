@@ -37,9 +37,9 @@ class VirtualClock:
 class SimBackend(FakeBackend):
     def __init__(self, costs: CostModel, clock: VirtualClock | None = None, *, n_seq_max: int = 16,
                  n_ctx_seq: int = 2048, n_batch: int = 512, kv_unified: bool = False, n_vocab: int = 96,
-                 chars_per_token: int = 1) -> None:
+                 chars_per_token: int = 1, prefill_tile: int = 1) -> None:
         super().__init__(n_seq_max=n_seq_max, n_ctx_seq=n_ctx_seq, n_batch=n_batch, kv_unified=kv_unified,
-                         n_vocab=n_vocab)
+                         n_vocab=n_vocab, prefill_tile=prefill_tile)
         self.costs = costs
         self.clock = clock or VirtualClock()
         # Text prompts: the fake makes one token per character, about 4x what a BPE vocabulary makes of
@@ -79,7 +79,7 @@ class SimBackend(FakeBackend):
         starts = [0, *cuts]
         runs = list(zip(starts, [*cuts, n], seq_ids[starts].tolist(), strict=True))
         next_pos: dict[int, int] = {}
-        decode_rows = kv_tokens = 0
+        decode_rows = kv_tokens = prefill_kv_tokens = 0
         for start, end, seq in runs:
             first = next_pos.get(seq)
             if first is None:
@@ -89,13 +89,15 @@ class SimBackend(FakeBackend):
             if end - start == 1:  # a decode row (a 1-token prefill chunk is rare and costs about the same)
                 decode_rows += 1
                 kv_tokens += first + 1
+            else:
+                prefill_kv_tokens += (end - start) * first
         if self.kv_unified:
             fits = sum(map(len, self.kv.values())) + n <= self.info.n_ctx
         else:
             fits = max(next_pos.values()) <= self.n_ctx_seq
         if not fits:
             raise DecodeError("no KV slot for the batch", code=1)
-        return runs, self.costs.predict_tick_s(n - decode_rows, decode_rows, kv_tokens)
+        return runs, self.costs.predict_tick_s(n - decode_rows, decode_rows, kv_tokens, prefill_kv_tokens)
 
     def _logits(self, pos: list[int], seqs: list[int], want: list[bool]) -> np.ndarray:
         """The fake's logits (a peak at a target set by the last 3 tokens and the length), vectorized."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cobali.backends.base import LLAMA_CPP_PREFILL_TILE
 from cobali.batch.driver import Driver, Pending
 from cobali.bench.metrics import RequestTiming, request_timing, summarize_timings
 from cobali.engine.budget import CostModel
@@ -30,6 +31,7 @@ class SimSpec:
     n_ctx_seq: int = 2048
     kv_unified: bool = False
     replicas: int = 1
+    prefill_tile: int = LLAMA_CPP_PREFILL_TILE  # the simulated scheduler decides as it would on llama.cpp
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class Replica:
     def __init__(self, spec: SimSpec, finished: list[Finished | None]) -> None:
         config = spec.config
         self.backend = SimBackend(spec.costs, n_seq_max=config.max_slots, n_ctx_seq=spec.n_ctx_seq,
-                                  n_batch=config.n_batch, kv_unified=spec.kv_unified)
+                                  n_batch=config.n_batch, kv_unified=spec.kv_unified, prefill_tile=spec.prefill_tile)
         self.clock = self.backend.clock
         self.engine = Engine(self.backend, config, clock=self.clock, costs=spec.costs)
         self.engine.on_tick = self._on_tick

@@ -21,6 +21,16 @@ def test_prefill_gets_what_fits_under_the_target() -> None:
     assert budget.tokens(4, 1000) == 113
 
 
+def test_a_deep_prefill_gets_fewer_tokens() -> None:
+    deep = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,
+                       prefill_s_per_kv_token=1e-6)
+    budget = AdaptiveBudget(deep, itl_target_s=0.250, n_batch=512)
+    assert budget.prefill_tokens(4, 1000, prefill_depth=0) == 109
+    # Resuming at position 2000, each token also attends to 2000 earlier ones: 2 + 2 = 4 ms a token.
+    assert budget.prefill_tokens(4, 1000, prefill_depth=2000) == 54
+    assert deep.predict(Measurement(64, 0, 0, 0.0, prefill_kv_tokens=64 * 2000)) == pytest.approx(0.010 + 0.128 + 0.128)
+
+
 def test_no_decodes_means_the_whole_batch() -> None:
     assert AdaptiveBudget(PROFILE, 0.250, 512).prefill_tokens(0, 0) == 512
 
@@ -54,12 +64,30 @@ def test_engine_plans_follow_the_adaptive_budget() -> None:
     assert sizes == [[(0, 10)], [(0, 1), (1, 42)], [(0, 1), (1, 42)], [(0, 1), (1, 42)]]
 
 
+def test_chunks_shrink_as_a_long_prompt_goes_deeper() -> None:
+    deep = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,
+                       prefill_s_per_kv_token=1e-5)
+    engine = Engine(FakeBackend(n_seq_max=4, n_batch=512),
+                    EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100), costs=deep)
+    engine.add_request([5] * 10, SamplingParams(max_tokens=40, ignore_eos=True))
+    engine.step()
+    engine.add_request([6] * 300, SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.run_until_done()
+    chunks = [c.n_tokens for t in engine.ticks for c in t.plan.chunks if c.request_id == 1 and c.n_tokens > 1]
+    # At depth d a token costs 2 ms + 10 us x d: 42 tokens at 0, then 35 at 42, then 30 at 77 but never
+    # under the 32-token minimum chunk.
+    assert chunks[:4] == [42, 35, 32, 32]
+    assert sum(chunks) == 300
+
+
 def test_fit_recovers_known_coefficients() -> None:
-    points = [Measurement(p, d, d * kv, PROFILE.predict_tick_s(p, d, d * kv))
-              for p in (0, 32, 256) for d in (0, 1, 8) for kv in (100, 700) if p or d]
+    truth = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,
+                        prefill_s_per_kv_token=3e-6)
+    points = [Measurement(p, d, d * kv, truth.predict_tick_s(p, d, d * kv, p * depth), prefill_kv_tokens=p * depth)
+              for p in (0, 32, 256) for d in (0, 1, 8) for kv in (100, 700) for depth in (0, 500) if p or d]
     fitted = CostProfile.fit(points, device="test", source="unit")
-    for name in ("t0_s", "prefill_s_per_token", "decode_s_per_row", "decode_s_per_kv_token"):
-        assert getattr(fitted, name) == pytest.approx(getattr(PROFILE, name), rel=1e-6, abs=1e-12)
+    for name in ("t0_s", "prefill_s_per_token", "decode_s_per_row", "decode_s_per_kv_token", "prefill_s_per_kv_token"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6, abs=1e-12)
 
 
 def test_profile_round_trips_through_json(tmp_path) -> None:

@@ -140,3 +140,18 @@ def test_cont_reports_no_wasted_slots_when_only_the_budget_is_short() -> None:
         engine.add_request(prompt(200, seed), params(1))
     engine.run_until_done()
     assert [t.plan.wasted_slots for t in engine.ticks] == [0] * len(engine.ticks)
+
+
+def test_no_leftover_budget_goes_to_a_chunk_shorter_than_the_prefill_tile() -> None:
+    for tile, expected_first_tick in ((1, [(0, "prefill", 0, 100), (1, "prefill", 0, 28)]),
+                                      (64, [(0, "prefill", 0, 100)])):
+        engine = Engine(FakeBackend(n_seq_max=4, prefill_tile=tile),
+                        EngineConfig(max_slots=4, prefill_chunk_tokens=512, n_batch=128))
+        engine.add_request(prompt(100, 1), params(2))
+        engine.add_request(prompt(300, 2), params(2))
+        engine.step()
+        assert shape(engine)[0] == expected_first_tick, f"prefill tile {tile}"
+        engine.run_until_done()
+        # The final chunk of a prompt may be short: it ends the prompt.
+        assert all(c.n_tokens >= tile or c.end == c.of for t in engine.ticks for c in t.plan.chunks
+                   if c.kind is ChunkKind.PREFILL)

@@ -1,0 +1,162 @@
+"""Several engines behind one OpenAI-compatible endpoint, with Ray Serve.
+
+    cobali serve --replicas 2 --threads 1 --port 8000 [--ray-address ADDR]
+    serve run cobali.ray.serve:build replicas=2 threads=1 max-slots=8     # the same application, by Ray's CLI
+
+Each engine is a deployment of its own (`cobali-engine-<i>`, one replica) hosting the single server's app;
+a gateway deployment is the HTTP ingress. One deployment per engine, rather than one deployment of N
+replicas, is what lets the gateway address each engine: it routes every request to the least busy one and
+asks all of them for /metrics, /health and /slots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import AsyncIterator
+
+import ray
+from fastapi import FastAPI
+from ray import serve
+from ray.serve import Application
+from ray.serve.handle import DeploymentHandle
+from starlette.types import Message
+
+from cobali.options import engine_config
+from cobali.ray.asgi import HTTPRequest, call_app
+from cobali.ray.gateway import gateway_app
+from cobali.server.engine_thread import EngineState
+from cobali.server.serve import build_app
+
+log = logging.getLogger("cobali.server")
+APP_NAME = "cobali"
+HEADROOM = 16  # calls an engine takes beyond its queue limit, so /health, /metrics, /slots never wait behind it
+
+
+@serve.deployment
+class EngineReplica:
+    """One engine: the single server's app, with its engine thread, run in-process per request."""
+
+    async def __init__(self, flags: dict) -> None:
+        self.app = build_app(argparse.Namespace(**flags))
+        self._lifespan = self.app.router.lifespan_context(self.app)
+        await self._lifespan.__aenter__()  # starts the engine thread, which loads the model
+        self._thread = self.app.state.server.engine_thread
+        while self._thread.state is EngineState.LOADING:  # ready once loaded: serve.run waits for that
+            await asyncio.sleep(0.05)
+        self.check_health()
+
+    async def handle(self, request: HTTPRequest) -> AsyncIterator[Message]:
+        async for message in call_app(self.app, request):
+            yield message
+
+    def check_health(self) -> None:
+        """Called by Ray Serve every few seconds: a failed engine gets its replica replaced."""
+        if self._thread.state is EngineState.FAILED:
+            raise RuntimeError(f"the engine failed: {self._thread.error}")
+
+    async def __del__(self) -> None:
+        # Ray Serve calls this after in-flight requests finished or graceful_shutdown_timeout_s passed.
+        await self._lifespan.__aexit__(None, None, None)
+
+
+class RayEngine:
+    """An engine as the gateway sees it: a request in, the app's ASGI messages streamed back."""
+
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self._handle = handle.options(stream=True)
+
+    async def messages(self, request: HTTPRequest) -> AsyncIterator[Message]:
+        stream = self._handle.handle.remote(request)
+        finished = False
+        try:
+            async for message in stream:
+                yield message
+            finished = True
+        finally:
+            if not finished:  # the client left: cancelling the replica's generator frees its slot
+                stream.cancel()
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+@serve.ingress()
+class Gateway:
+    def __init__(self, engines: list[DeploymentHandle], max_body_bytes: int) -> None:
+        self._engines = [RayEngine(handle) for handle in engines]
+        self._max_body_bytes = max_body_bytes
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return gateway_app(self._engines, self._max_body_bytes)
+
+
+def cpus_per_replica(args: argparse.Namespace) -> int:
+    return args.threads or 1
+
+
+def build_application(args: argparse.Namespace) -> Application:
+    flags = {k: v for k, v in vars(args).items() if k != "func"}
+    # Ray must not queue in front of an engine: beyond slots + --max-queue its app answers 429 itself.
+    per_engine = args.max_slots + args.max_queue + HEADROOM
+    engine = EngineReplica.options(max_ongoing_requests=per_engine, graceful_shutdown_timeout_s=args.shutdown_grace,
+                                   ray_actor_options={"num_cpus": cpus_per_replica(args)},
+                                   max_constructor_retry_count=1)  # a model that fails to load fails again
+    engines = [engine.options(name=f"cobali-engine-{i}").bind(flags) for i in range(args.replicas)]
+    return Gateway.options(max_ongoing_requests=args.replicas * per_engine).bind(engines, args.max_body_bytes)
+
+
+def build(options: dict[str, str]) -> Application:
+    """For `serve run cobali.ray.serve:build key=value ...`: the keys are `cobali serve`'s flags (max-slots=8,
+    kv-unified=true); --host and --port are Ray Serve's own (serve run --address, the HTTP options)."""
+    from cobali.cli import build_parser
+
+    argv = ["serve"]
+    for key, value in options.items():
+        argv.append(f"--{key.replace('_', '-')}")
+        if str(value).lower() != "true":  # a bare switch
+            argv.append(str(value))
+    args = build_parser().parse_args(argv)
+    engine_config(args)
+    return build_application(args)
+
+
+def serve_replicas(args: argparse.Namespace) -> int:
+    engine_config(args)  # bad flag combinations fail here, before a cluster starts
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    local = args.ray_address is None
+    if local:
+        ray.init(address="local", include_dashboard=False)  # the endpoint has its own /metrics
+    else:
+        ray.init(address=args.ray_address)
+    try:
+        needed, available = args.replicas * cpus_per_replica(args), ray.cluster_resources().get("CPU", 0)
+        if local and needed > available:  # Ray would wait for CPUs forever
+            raise ValueError(f"--replicas {args.replicas} need {needed} CPUs ({cpus_per_replica(args)} each, "
+                             f"from --threads); this machine has {available:g}")
+        serve.start(http_options={"host": args.host, "port": args.port})
+        try:
+            serve.run(build_application(args), name=APP_NAME, route_prefix="/")
+        except RuntimeError as err:  # an engine failed to start (its error is in the message)
+            log.error("exiting: %s", err)
+            return 1
+        log.info("serving on http://%s:%d: %d replicas", args.host, args.port, args.replicas)
+        _wait_for_signal()
+        return 0
+    finally:
+        # Serve drains each replica (up to --shutdown-grace) before stopping it; a shared cluster keeps
+        # everything else it runs.
+        if local:
+            serve.shutdown()
+        else:
+            serve.delete(APP_NAME)
+        ray.shutdown()
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _sig, _frame: stop.set())
+    while not stop.wait(1.0):  # a timed wait, so the handler always gets to run
+        pass
