@@ -10,8 +10,9 @@ import numpy as np
 from cobali.engine.sampling import SamplingParams
 
 # llama.cpp's CPU flash attention takes its tiled path only for 64 or more query rows of one sequence;
-# a shorter chunk deep into a prompt goes row by row, 2-3x slower at position 500 (measured here).
-LLAMA_CPP_PREFILL_TILE = 64
+# fewer go row by row, 2-3x slower at position 500 (measured here). With per-sequence KV streams the batch
+# split also puts one token of every sequence into the decode rows' micro-batch, so a chunk needs 65.
+LLAMA_CPP_PREFILL_TILE = 65
 
 
 class DecodeError(RuntimeError):
