@@ -227,10 +227,16 @@ class TickBuilder:
         self._admit()
 
     def _add_prefill(self, request: Request) -> None:
-        """The next chunk, unless only a budget leftover too short for the backend's fast path remains."""
+        """The next chunk, unless only a budget leftover too short for the backend's fast path remains;
+        a chunk leaving a tail shorter than that gives the tail some of its tokens."""
+        tile = self.s.slots.backend.info.prefill_tile
         n = min(request.uncached_tokens, self.chunk_tokens, self.budget)
-        cut_by_budget = n == self.budget < min(request.uncached_tokens, self.chunk_tokens)
-        if n > 0 and not (cut_by_budget and n < self.s.slots.backend.info.prefill_tile):
+        if n == self.budget < min(request.uncached_tokens, self.chunk_tokens) and n < tile:
+            return
+        tail = request.uncached_tokens - n
+        if 0 < tail < tile <= n - (tile - tail):
+            n -= tile - tail
+        if n > 0:
             self._add(request, n, ChunkKind.PREFILL)
 
     def _admit(self) -> None:
