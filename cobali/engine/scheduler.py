@@ -227,16 +227,18 @@ class TickBuilder:
         self._admit()
 
     def _add_prefill(self, request: Request) -> None:
-        """The next chunk, unless only a budget leftover too short for the backend's fast path remains;
-        a chunk leaving a tail shorter than that gives the tail some of its tokens."""
+        """The next chunk of a prompt, shaped for the backend's prefill tile: no chunk shorter than the tile
+        unless it ends the prompt, and no shorter tail left behind (the chunk shrinks, or takes the tail
+        along past the tick's budget while the batch has room)."""
         tile = self.s.slots.backend.info.prefill_tile
-        n = min(request.uncached_tokens, self.chunk_tokens, self.budget)
-        if n == self.budget < min(request.uncached_tokens, self.chunk_tokens) and n < tile:
-            return
-        tail = request.uncached_tokens - n
-        if 0 < tail < tile <= n - (tile - tail):
-            n -= tile - tail
-        if n > 0:
+        left = request.uncached_tokens
+        n = min(left, self.chunk_tokens, self.budget)
+        if 0 < left - n < tile:
+            if left - tile >= tile:
+                n = left - tile
+            elif left <= self.chunk_tokens and sum(c.n_tokens for c in self.chunks) + left <= self.s.n_batch:
+                n = left
+        if n > 0 and (n == left or n >= tile):
             self._add(request, n, ChunkKind.PREFILL)
 
     def _admit(self) -> None:

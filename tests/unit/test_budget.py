@@ -98,3 +98,18 @@ def test_profile_round_trips_through_json(tmp_path) -> None:
     assert CostProfile.load(path) == fitted
     with pytest.raises(ValueError, match="cannot read"):
         CostProfile.load(tmp_path / "missing.json")
+
+
+def test_a_short_tail_rides_along_past_the_budget() -> None:
+    """The budget allows 64 tokens (the tile floor), but 64 + 36 would leave a 36-token tail on the slow
+    path: the 100-token prompt goes in whole."""
+    engine = Engine(FakeBackend(n_seq_max=4, n_batch=512, prefill_tile=64),
+                    EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100), costs=PROFILE)
+    engine.add_request([5] * 10, SamplingParams(max_tokens=20, ignore_eos=True))
+    engine.step()
+    engine.add_request([6] * 100, SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.add_request([7] * 300, SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.run_until_done()
+    chunks = [(c.request_id, c.n_tokens) for t in engine.ticks for c in t.plan.chunks if c.n_tokens > 1]
+    assert chunks[:3] == [(0, 10), (1, 100), (2, 64)]
+    assert all(n >= 64 for r, n in chunks if r == 2)
