@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 from cobali.backends.base import Backend
@@ -46,7 +47,8 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
                         help="layers to offload in a GPU build (-1 = all when offload is available)")
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0) -> None:
+    """Engine flags. `itl_target_ms`: the face's default ITL target (0: the paper's fixed budget)."""
     add_backend_args(parser)
     parser.add_argument("--prefill-chunk-tokens", type=positive_int, default=512,
                         help="longest prefill chunk per request per tick (cont mode)")
@@ -56,9 +58,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="reserve: admit only what fits to max_tokens; optimistic: admit on prompt, preempt")
     parser.add_argument("--queue", choices=QUEUE_ORDERS, default="fifo",
                         help="waiting order (priority: lower `priority` first)")
-    parser.add_argument("--itl-target-ms", type=non_negative_float, default=0.0,
+    parser.add_argument("--itl-target-ms", type=non_negative_float, default=itl_target_ms,
                         help="adaptive chunking: size each tick's prefill to keep the predicted tick under this "
-                             "(0 = fixed budget: --n-batch and --prefill-chunk-tokens)")
+                             f"(0 = fixed budget: --n-batch and --prefill-chunk-tokens; default {itl_target_ms:g})")
     parser.add_argument("--profile", default=None,
                         help="cost profile from `cobali calibrate` (default: the bundled one for this CPU)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
@@ -90,16 +92,22 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
                         **overrides)
 
 
-def load_costs(args: argparse.Namespace) -> CostModel | None:
-    """The cost profile an ITL target needs (--profile, else the bundled one); None without a target."""
+def load_costs(args: argparse.Namespace, backend: Backend | None = None) -> CostModel | None:
+    """The cost profile an ITL target needs (--profile, else the bundled one); None without a target.
+    A profile measured on another device or model still runs, with a note: its predictions are off."""
     if args.itl_target_ms <= 0:
         return None
     from cobali.costs import load_profile
 
-    return load_profile(args.profile)
+    profile = load_profile(args.profile)
+    if backend is not None and profile.device != backend.info.description:
+        print(f"note: the cost profile is for '{profile.device}', not '{backend.info.description}'; "
+              "run `cobali calibrate` (and pass --profile) for accurate adaptive chunking", file=sys.stderr)
+    return profile
 
 
 def build_engine(args: argparse.Namespace, backend: Backend | None = None, mode: str = "cont",
                  **overrides) -> Engine:
     config = engine_config(args, mode, **overrides)
-    return Engine(backend or build_backend(args), config, costs=load_costs(args))
+    backend = backend or build_backend(args)
+    return Engine(backend, config, costs=load_costs(args, backend))

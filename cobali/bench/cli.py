@@ -123,7 +123,7 @@ def bench_command(args: argparse.Namespace, backend: Backend | None = None) -> i
         print(f"cobali bench: {len(items)} prompts, configs {', '.join(c.name for c in configs)}, "
               f"{backend.info.description}")
         runs = run_configs(backend, configs, items, engine_config(args), load_options(args, len(items)),
-                           costs=load_costs(args))
+                           costs=load_costs(args, backend))
         info = asdict(backend.info)
     finally:
         backend.close()

@@ -8,6 +8,9 @@ import argparse
 from cobali.options import add_engine_args, non_negative_int, positive_int
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# A server's users feel the inter-token latency: by default each tick's prefill is sized to keep it under
+# 250 ms (on the mixed workload: ITL p99 1728 -> 496 ms for 1 % more wall time than the fixed 512 budget).
+DEFAULT_ITL_TARGET_MS = 250.0
 
 
 def _port(text: str) -> int:
@@ -29,7 +32,7 @@ def _seconds(text: str) -> float:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
-    add_engine_args(parser)
+    add_engine_args(parser, itl_target_ms=DEFAULT_ITL_TARGET_MS)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=_port, default=8000, help="port to bind")
     parser.add_argument("--max-queue", type=non_negative_int, default=256,

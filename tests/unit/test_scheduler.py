@@ -153,7 +153,8 @@ def test_no_leftover_budget_goes_to_a_chunk_shorter_than_the_prefill_tile() -> N
         assert shape(engine)[0] == expected_first_tick, f"prefill tile {tile}"
         engine.run_until_done()
         # Every chunk reaches the tile: a tail that would be short takes tokens from the chunk before.
-        chunks = [(c.request_id, c.n_tokens) for t in engine.ticks for c in t.plan.chunks if c.kind is ChunkKind.PREFILL]
+        chunks = [(c.request_id, c.n_tokens) for t in engine.ticks for c in t.plan.chunks
+                  if c.kind is ChunkKind.PREFILL]
         assert all(n >= tile for _, n in chunks)
         if tile == 64:
             assert chunks == [(0, 100), (1, 127), (1, 109), (1, 64)]
