@@ -29,7 +29,7 @@ from cobali.options import engine_config
 from cobali.ray.asgi import HTTPRequest, call_app
 from cobali.ray.gateway import gateway_app
 from cobali.server.engine_thread import EngineState
-from cobali.server.serve import build_app
+from cobali.server.serve import build_app, configure_logging
 
 log = logging.getLogger("cobali.server")
 APP_NAME = "cobali"
@@ -41,6 +41,7 @@ class EngineReplica:
     """One engine: the single server's app, with its engine thread, run in-process per request."""
 
     async def __init__(self, flags: dict) -> None:
+        configure_logging()  # a fresh process: Ray only sets up its own loggers
         self.app = build_app(argparse.Namespace(**flags))
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # starts the engine thread, which loads the model
@@ -124,7 +125,7 @@ def build(options: dict[str, str]) -> Application:
 
 def serve_replicas(args: argparse.Namespace) -> int:
     engine_config(args)  # bad flag combinations fail here, before a cluster starts
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     local = args.ray_address is None
     if local:
         ray.init(address="local", include_dashboard=False)  # the endpoint has its own /metrics

@@ -33,6 +33,11 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def configure_logging() -> None:
+    """INFO for cobali's own lines (per-request timings among them), in every process that runs a server."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def build_app(args: argparse.Namespace) -> FastAPI:
     """The server's app from its flags; each Ray Serve replica hosts one too (cobali.ray.serve)."""
     model_name = args.served_model_name or Path(args.model or embedded_model_path()).stem
@@ -41,7 +46,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
 
 def serve(args: argparse.Namespace) -> int:
     engine_config(args)  # most bad flag combinations fail here, before the port is bound; the rest at load
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
 
     app = build_app(args)
     thread: EngineThread = app.state.server.engine_thread
