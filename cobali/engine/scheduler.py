@@ -183,6 +183,7 @@ class Scheduler:
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
         # free only because this tick's token budget or KV ran out are not waste.
         wasted = max(0, min(self.slots.n_free, len(self.waiting)) - tick.allowance)
+        assert tick.chunks or not self.running, "running requests but an empty plan: the engine would spin"
         return Plan(self.tick, tuple(tick.chunks), tuple(tick.admitted), wasted, tuple(preempted))
 
 
@@ -229,14 +230,16 @@ class TickBuilder:
     def _add_prefill(self, request: Request) -> None:
         """The next chunk of a prompt, shaped for the backend's prefill tile: no chunk shorter than the tile
         unless it ends the prompt, and no shorter tail left behind (the chunk shrinks, or takes the tail
-        along past the tick's budget while the batch has room)."""
-        tile = self.s.slots.backend.info.prefill_tile
+        along past the tick's budget while the batch has room). A chunk size set below the tile wins, and
+        the tile never exceeds what the batch keeps free beside a full set of decodes, so prompts progress."""
+        s = self.s
+        tile = max(1, min(s.slots.backend.info.prefill_tile, self.chunk_tokens, s.n_batch - s.slots.max_slots))
         left = request.uncached_tokens
         n = min(left, self.chunk_tokens, self.budget)
         if 0 < left - n < tile:
             if left - tile >= tile:
                 n = left - tile
-            elif left <= self.chunk_tokens and sum(c.n_tokens for c in self.chunks) + left <= self.s.n_batch:
+            elif left <= self.chunk_tokens and sum(c.n_tokens for c in self.chunks) + left <= s.n_batch:
                 n = left
         if n > 0 and (n == left or n >= tile):
             self._add(request, n, ChunkKind.PREFILL)

@@ -158,3 +158,23 @@ def test_no_leftover_budget_goes_to_a_chunk_shorter_than_the_prefill_tile() -> N
         assert all(n >= tile for _, n in chunks)
         if tile == 64:
             assert chunks == [(0, 100), (1, 127), (1, 109), (1, 64)]
+
+
+def test_a_chunk_size_below_the_prefill_tile_still_splits_prompts() -> None:
+    """The paper's small chunks (here 8 tokens) beat the tile rule; before, such prompts never started."""
+    engine = Engine(FakeBackend(n_seq_max=2, prefill_tile=65),
+                    EngineConfig(max_slots=2, prefill_chunk_tokens=8, n_batch=64))
+    engine.add_request(prompt(20, 1), params(2))
+    engine.run_until_done()
+    chunks = [c.n_tokens for t in engine.ticks for c in t.plan.chunks if c.kind is ChunkKind.PREFILL]
+    assert chunks == [8, 8, 4]
+
+
+def test_the_prefill_tile_leaves_room_beside_a_full_set_of_decodes() -> None:
+    """With n_batch 24 and 16 slots, 8 tokens stay free per tick: chunks shrink to them instead of waiting."""
+    engine = Engine(FakeBackend(n_seq_max=16, prefill_tile=65),
+                    EngineConfig(max_slots=16, prefill_chunk_tokens=512, n_batch=24))
+    decoders = [engine.add_request(prompt(4, seed), params(40)) for seed in range(15)]
+    late = engine.add_request(prompt(30, 99), params(2))
+    engine.run_until_done()
+    assert late.finish_time is not None and late.finish_time < min(r.finish_time for r in decoders)
