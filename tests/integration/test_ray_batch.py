@@ -16,7 +16,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,", "O
 FLAGS = ["--max-new", "5", "--threads", "1", "--max-slots", "1", "--n-batch", "64"]
 
 
-@pytest.mark.slow  # starts a local Ray cluster (several processes): tens of seconds on 2 cores
+@pytest.mark.timeout(240)  # starts a local Ray cluster (several processes): 10-20 s on 2 cores
 def test_ray_batch_matches_one_process(tmp_path: Path, model_path: str) -> None:
     import ray
 

@@ -37,8 +37,7 @@ def stream_one(client: OpenAI, i: int) -> str | None:
     return chunks[-1].choices[0].finish_reason
 
 
-@pytest.mark.slow  # starts a local Ray cluster (several processes): about a minute on 2 cores
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(240)  # starts a local Ray cluster (several processes): 20-30 s on 2 cores
 def test_two_replicas_share_concurrent_streams() -> None:
     with running_server("--replicas", "2", "--max-slots", "4", "--served-model-name", "smol",
                         "--shutdown-grace", "5") as (base, proc):
