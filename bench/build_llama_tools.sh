@@ -8,7 +8,7 @@ if [ ! -x "$CACHE/build/bin/llama-server" ] || [ ! -x "$CACHE/build/bin/llama-ba
   mkdir -p "$CACHE"
   if [ ! -d "$CACHE/src" ]; then
     tmp=$(mktemp -d)
-    python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VERSION" -d "$tmp" >&2
+    python3 -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" -d "$tmp" >&2
     tar xzf "$tmp"/llama_cpp_python-$LLAMA_VERSION.tar.gz -C "$tmp"
     mv "$tmp/llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp" "$CACHE/src"
     rm -rf "$tmp"
