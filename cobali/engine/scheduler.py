@@ -236,11 +236,16 @@ class TickBuilder:
         tile = max(1, min(s.slots.backend.info.prefill_tile, self.chunk_tokens, s.n_batch - s.slots.max_slots))
         left = request.uncached_tokens
         n = min(left, self.chunk_tokens, self.budget)
+        room = min(self.chunk_tokens, s.n_batch - sum(c.n_tokens for c in self.chunks))
         if 0 < left - n < tile:
             if left - tile >= tile:
                 n = left - tile
-            elif left <= self.chunk_tokens and sum(c.n_tokens for c in self.chunks) + left <= s.n_batch:
+            elif left <= room:
                 n = left
+        elif n < left - n < 2 * tile and (left + 1) // 2 <= room:
+            # A rest that a chunk of this size cannot split into two tile-sized chunks: halve the prompt
+            # now (n grows by < tile/2) rather than take the whole rest past the budget next tick.
+            n = (left + 1) // 2
         if n > 0 and (n == left or n >= tile):
             self._add(request, n, ChunkKind.PREFILL)
 
