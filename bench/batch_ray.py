@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/batch_ray.py [--prompts 200] [--max-new 16] [--replicas 2]
 
-Three runs over the same JSONL (greedy): (1) one engine with all cores; (2) `--ray --replicas N`, one engine
-of 1 thread per worker; (3) one engine again, killed (SIGKILL) once a quarter of the results are written,
-then rerun with the same command. Prints wall times, and how many outputs of (2) and (3) equal (1) by id.
-Needs the `ray` extra for run (2).
+Three runs over the same JSONL (greedy), all with 16 slots per engine: (1) one engine with all cores;
+(2) `--ray --replicas N`, one engine of 1 thread per worker; (3) one engine again, killed (SIGKILL) once a
+quarter of the results are written, then rerun with the same command. Prints wall times, and how many
+outputs of (2) and (3) equal (1) by id. Needs the `ray` extra for run (2).
 """
 
 from __future__ import annotations
@@ -69,14 +69,14 @@ def main() -> int:
 
     local_s = timed(batch(source, out / "local.jsonl", args, "--max-slots", "16"))
     ray_s = timed(batch(source, out / "ray.jsonl", args, "--ray", "--replicas", str(args.replicas),
-                        "--threads", "1", "--max-slots", "8"))
+                        "--threads", "1", "--max-slots", "16"))
     at_kill, rerun_s = killed_then_resumed(batch(source, out / "resumed.jsonl", args, "--max-slots", "16"),
                                            out / "resumed.jsonl", args.prompts // 4)
 
     reference = results(out / "local.jsonl")
     print(f"{args.prompts} prompts, {args.max_new} new tokens each (greedy)")
     print(f"one process (16 slots, 2 threads):           {local_s:6.1f} s")
-    print(f"Ray, {args.replicas} workers (8 slots, 1 thread each):   {ray_s:6.1f} s")
+    print(f"Ray, {args.replicas} workers (16 slots, 1 thread each):  {ray_s:6.1f} s")
     print(f"killed at {at_kill} results, rerun finished in {rerun_s:6.1f} s")
     for name in ("ray", "resumed"):
         lines = (out / f"{name}.jsonl").read_text().splitlines()

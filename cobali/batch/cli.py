@@ -3,7 +3,9 @@
     cobali batch --input prompts.jsonl --output out.jsonl --max-new 128
     cobali batch --input prompts.jsonl --output out.jsonl --ray --replicas 4   # pip install 'cobali[ray]'
 
-Rerunning the same command after a kill skips the ids already in the output.
+Rerunning the same command after a kill skips the ids already in the output. The input runs in shards
+of 4 x --max-slots lines, each whole on an engine with nothing cached, so with the same engine flags the
+outputs are identical with or without Ray, for any number of workers or threads, and after a resume.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import argparse
 
 from tqdm import tqdm
 
-from cobali.batch.jobs import pending_jobs, read_jobs, run_jobs
+from cobali.batch.jobs import pending_shards, read_jobs, run_shard
 from cobali.options import add_engine_args, build_engine, positive_int
 
 
@@ -32,20 +34,21 @@ def batch_command(args: argparse.Namespace) -> int:
     if args.replicas > 1 and not args.ray:
         raise ValueError("--replicas > 1 needs --ray (one process runs one engine)")
     jobs = read_jobs(args.input)
-    todo = pending_jobs(jobs, args.output)
-    print(f"cobali batch: {len(jobs)} prompts, {len(jobs) - len(todo)} already in {args.output}, {len(todo)} to run")
+    shards = pending_shards(jobs, args.output, args.max_slots)
+    todo = sum(len(shard.wanted) for shard in shards)
+    print(f"cobali batch: {len(jobs)} prompts, {len(jobs) - todo} already in {args.output}, {todo} to run")
     if not todo:
         return 0
     with open(args.output, "a", encoding="utf-8") as out, \
-            tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="req", desc="batch") as bar:
+            tqdm(total=len(jobs), initial=len(jobs) - todo, unit="req", desc="batch") as bar:
         if args.ray:
-            from cobali.ray.batch import run_jobs_on_ray  # Ray is an optional extra: imported only here
+            from cobali.ray.batch import run_shards_on_ray  # Ray is an optional extra: imported only here
 
-            written = run_jobs_on_ray(args, todo, out, on_done=bar.update)
+            written = run_shards_on_ray(args, shards, out, on_done=bar.update)
         else:
             engine = build_engine(args, record_ticks=False)
             try:
-                written = run_jobs(engine, todo, out, args.max_new, on_done=bar.update)
+                written = sum(run_shard(engine, shard, out, args.max_new, on_done=bar.update) for shard in shards)
             finally:
                 engine.backend.close()
     print(f"wrote {written} results to {args.output}")

@@ -9,7 +9,7 @@ so a killed job keeps everything finished so far and a rerun skips the ids alrea
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -24,11 +24,25 @@ OUTPUT_FIELDS = ("text", "finish_reason", "prompt_tokens", "output_tokens")
 JobId = str | int | float | bool | None
 
 
+SHARD_PER_SLOT = 4  # jobs per shard per engine slot: enough to keep continuous batching full
+
+
 @dataclass(frozen=True)
 class Job:
     id: JobId
     prompt: str
     max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A fixed block of the input, always run whole on an engine with nothing cached. llama.cpp's numbers
+    for a sequence shift slightly with whatever shares its batch, which can flip a greedy token; fixing
+    each job's batch-mates makes the output the same for any worker count, thread count or resume.
+    Only the `wanted` results (those not in the output yet) are written."""
+
+    jobs: tuple[Job, ...]
+    wanted: frozenset[JobId]
 
 
 def read_jobs(path: str | Path) -> list[Job]:
@@ -82,15 +96,20 @@ def output_line(job_id: JobId, request: Request) -> str:
     return json.dumps(out, ensure_ascii=False)
 
 
-def run_jobs(engine: Engine, jobs: Iterable[Job], out: IO[str], max_new: int,
-             on_done: Callable[[], None] | None = None) -> int:
-    """Generate every job (greedy), writing each result as it finishes; returns how many were written."""
+def run_shard(engine: Engine, shard: Shard, out: IO[str], max_new: int,
+              on_done: Callable[[], None] | None = None) -> int:
+    """Generate a whole shard (greedy) on an idle engine with nothing cached, writing each wanted result as
+    it finishes; returns how many were written."""
+    assert not engine.has_work, "a shard needs the engine to itself"
+    engine.slots.drop_cached_prefixes()
     driver = Driver(engine)
-    for job in jobs:
+    for job in shard.jobs:
         driver.push(Pending(job.id, job.prompt, SamplingParams(max_tokens=job.max_tokens or max_new)))
     written = 0
     while driver.has_work:
         for job_id, request in driver.step():
+            if job_id not in shard.wanted:
+                continue
             out.write(output_line(job_id, request) + "\n")
             out.flush()
             written += 1
@@ -99,6 +118,14 @@ def run_jobs(engine: Engine, jobs: Iterable[Job], out: IO[str], max_new: int,
     return written
 
 
-def pending_jobs(jobs: Sequence[Job], output: str | Path) -> list[Job]:
+def pending_shards(jobs: Sequence[Job], output: str | Path, max_slots: int) -> list[Shard]:
+    """The input's shards (fixed blocks of SHARD_PER_SLOT * max_slots lines) that still miss results."""
     done = finished_ids(output)
-    return [job for job in jobs if job.id not in done]
+    size = SHARD_PER_SLOT * max_slots
+    shards = []
+    for start in range(0, len(jobs), size):
+        block = tuple(jobs[start:start + size])
+        wanted = frozenset(job.id for job in block if job.id not in done)
+        if wanted:
+            shards.append(Shard(block, wanted))
+    return shards

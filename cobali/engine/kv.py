@@ -176,6 +176,10 @@ class SlotPool:
                 return True
         return False
 
+    def drop_cached_prefixes(self) -> None:
+        while self.evict_one():
+            pass
+
     def _clear(self, slot: int) -> None:
         self._cached.pop(slot, None)
         self.accountant.drop(slot)

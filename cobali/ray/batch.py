@@ -11,10 +11,8 @@ from typing import IO
 import ray
 from ray.util import ActorPool
 
-from cobali.batch.jobs import Job, run_jobs
+from cobali.batch.jobs import Shard, run_shard
 from cobali.options import build_engine
-
-SHARD_PER_SLOT = 4  # jobs per shard per engine slot: enough to keep continuous batching full
 
 
 @ray.remote
@@ -24,21 +22,19 @@ class BatchWorker:
         self.max_new = args.max_new
         self.engine = build_engine(args, record_ticks=False)
 
-    def run(self, jobs: list[Job]) -> list[str]:
+    def run(self, shard: Shard) -> list[str]:
         out = io.StringIO()
-        run_jobs(self.engine, jobs, out, self.max_new)
+        run_shard(self.engine, shard, out, self.max_new)
         return out.getvalue().splitlines()
 
 
-def run_jobs_on_ray(args: argparse.Namespace, jobs: Sequence[Job], out: IO[str],
-                    on_done: Callable[[], None] | None = None) -> int:
+def run_shards_on_ray(args: argparse.Namespace, shards: Sequence[Shard], out: IO[str],
+                      on_done: Callable[[], None] | None = None) -> int:
     if not ray.is_initialized():
         # A local cluster unless RAY_ADDRESS points at one; each actor claims one CPU.
         ray.init(include_dashboard=False, log_to_driver=False)
     flags = {k: v for k, v in vars(args).items() if k != "func"}
     pool = ActorPool([BatchWorker.remote(flags) for _ in range(args.replicas)])
-    size = SHARD_PER_SLOT * args.max_slots
-    shards = [list(jobs[i:i + size]) for i in range(0, len(jobs), size)]
     written = 0
     for lines in pool.map_unordered(lambda worker, shard: worker.run.remote(shard), shards):
         out.write("".join(line + "\n" for line in lines))

@@ -1,4 +1,5 @@
-"""`cobali batch --ray`: two Ray workers, one engine each, give the single-process results."""
+"""`cobali batch --ray`: two Ray workers, one engine each, give the single-process results, byte for byte,
+with two sequences sharing each batch (each shard of 8 prompts runs whole wherever it runs)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from cobali.cli import main
 
 pytest.importorskip("ray")
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,", "Once upon a time",
-           "List three uses of a paperclip. First,", "Translate to French: Good morning"]
-FLAGS = ["--max-new", "5", "--threads", "1", "--max-slots", "1", "--n-batch", "64"]
+BASES = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,", "Once upon a time",
+         "List three uses of a paperclip. First,", "Translate to French: Good morning", "My favourite colour",
+         "The best way to learn Python"]
+PROMPTS = [f"{base} (take {i})" for i in range(2) for base in BASES]
+FLAGS = ["--max-new", "5", "--threads", "1", "--max-slots", "2", "--n-batch", "64"]
 
 
 @pytest.mark.timeout(240)  # starts a local Ray cluster (several processes): 10-20 s on 2 cores

@@ -10,7 +10,7 @@ import pytest
 
 from cobali.backends.fake import FakeBackend
 from cobali.batch.driver import Driver, Pending
-from cobali.batch.jobs import Job, finished_ids, pending_jobs, read_jobs, run_jobs
+from cobali.batch.jobs import Job, Shard, finished_ids, pending_shards, read_jobs, run_shard
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.sampling import SamplingParams
 
@@ -43,10 +43,20 @@ def test_driver_reports_every_request_once_with_a_short_queue() -> None:
     assert dict(done)[7].error and all(len(r.output_tokens) == 3 for k, r in done if k != 7)
 
 
+def plans(engine: Engine) -> list[tuple[tuple[int, int, int, int], ...]]:
+    return [tuple((c.request_id, c.slot, c.start, c.n_tokens) for c in t.plan.chunks) for t in engine.ticks]
+
+
+def run_all(engine: Engine, shards: list[Shard], out: io.StringIO | io.TextIOBase) -> int:
+    return sum(run_shard(engine, shard, out, max_new=12) for shard in shards)
+
+
 def test_jobs_match_generate(tmp_path: Path) -> None:
     jobs = read_jobs(write_input(tmp_path / "in.jsonl"))
     out = io.StringIO()
-    assert run_jobs(make_engine(), jobs, out, max_new=12) == len(PROMPTS)
+    shards = pending_shards(jobs, tmp_path / "none.jsonl", max_slots=1)
+    assert [len(s.jobs) for s in shards] == [4, 4, 4]
+    assert run_all(make_engine(), shards, out) == len(PROMPTS)
     records = {r["id"]: r for r in map(json.loads, out.getvalue().splitlines())}
     expected = make_engine().generate(PROMPTS, SamplingParams(max_tokens=12))
     for job, request in zip(jobs, expected, strict=True):
@@ -56,21 +66,39 @@ def test_jobs_match_generate(tmp_path: Path) -> None:
         assert set(record) == {"id", "text", "finish_reason", "prompt_tokens", "output_tokens"}
 
 
-def test_resume_after_a_kill_gives_the_same_output(tmp_path: Path) -> None:
+def test_resume_after_a_kill_reruns_the_shard_whole(tmp_path: Path) -> None:
+    """The resumed shard runs exactly the batches of the first run (so llama.cpp computes the same
+    numbers) and writes only what was missing."""
     jobs = read_jobs(write_input(tmp_path / "in.jsonl"))
-    full = tmp_path / "full.jsonl"
+    full, first = tmp_path / "full.jsonl", make_engine()
     with full.open("w") as f:
-        run_jobs(make_engine(), jobs, f, max_new=12)
+        run_all(first, pending_shards(jobs, full, max_slots=3), f)
     lines = full.read_text().splitlines(keepends=True)
     # killed after 5 results, in the middle of writing the 6th
     resumed = tmp_path / "resumed.jsonl"
     resumed.write_text("".join(lines[:5]) + lines[5][:10])
-    todo = pending_jobs(jobs, resumed)
-    assert len(todo) == len(jobs) - 5 and resumed.read_text() == "".join(lines[:5])
+    shards = pending_shards(jobs, resumed, max_slots=3)
+    assert len(shards) == 1 and len(shards[0].jobs) == 12 and len(shards[0].wanted) == 7
+    assert resumed.read_text() == "".join(lines[:5])
+    second = make_engine()
     with resumed.open("a") as f:
-        run_jobs(make_engine(), todo, f, max_new=12)
+        assert run_all(second, shards, f) == 7
     assert sorted(resumed.read_text().splitlines()) == sorted(full.read_text().splitlines())
-    assert pending_jobs(jobs, resumed) == []
+    assert plans(second) == plans(first)
+    assert pending_shards(jobs, resumed, max_slots=3) == []
+
+
+def test_a_shard_runs_as_on_a_fresh_engine(tmp_path: Path) -> None:
+    """Prefixes cached by one shard are dropped before the next, so a shard's batches never depend on
+    which worker ran what before it."""
+    shared = "a long shared system prompt, " * 4
+    jobs = [Job(i, shared + f"question {i}") for i in range(8)]
+    shards = pending_shards(jobs, tmp_path / "none.jsonl", max_slots=1)
+    worker, fresh = make_engine(), make_engine()
+    run_all(worker, shards, io.StringIO())
+    run_all(fresh, shards[1:], io.StringIO())
+    second_on_worker = [[c[1:] for c in plan] for plan in plans(worker)[-len(fresh.ticks):]]
+    assert second_on_worker == [[c[1:] for c in plan] for plan in plans(fresh)]
 
 
 def test_ids_default_to_line_numbers(tmp_path: Path) -> None:
