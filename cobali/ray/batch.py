@@ -1,42 +1,62 @@
-"""`cobali batch --ray --replicas N`: one engine per Ray actor, shards of jobs handed out as actors free
-up, results written by the driver process as each shard comes back (so resuming works per shard)."""
+"""`cobali batch --ray --replicas N`: a Ray Data pipeline over the input's shards, mapped by a pool of N
+actors that own one engine each; the driver writes each shard's results as it comes back, so a kill
+loses at most the shards in flight and a rerun resumes."""
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 from collections.abc import Callable, Sequence
 from typing import IO
 
+import numpy as np
 import ray
-from ray.util import ActorPool
+import ray.data
 
-from cobali.batch.jobs import Shard, run_shard
+from cobali.batch.jobs import Job, Shard, run_shard
 from cobali.options import build_engine
 
 
-@ray.remote
-class BatchWorker:
+def shard_to_json(shard: Shard) -> str:
+    return json.dumps({"jobs": [[j.id, j.prompt, j.max_tokens] for j in shard.jobs], "wanted": list(shard.wanted)})
+
+
+def shard_from_json(text: str) -> Shard:
+    data = json.loads(text)
+    return Shard(tuple(Job(*job) for job in data["jobs"]), frozenset(data["wanted"]))
+
+
+class ShardRunner:
+    """One engine per actor; each call runs a batch of shards and returns their JSONL results."""
+
     def __init__(self, flags: dict) -> None:
         args = argparse.Namespace(**flags)
         self.max_new = args.max_new
         self.engine = build_engine(args, record_ticks=False)
 
-    def run(self, shard: Shard) -> list[str]:
-        out = io.StringIO()
-        run_shard(self.engine, shard, out, self.max_new)
-        return out.getvalue().splitlines()
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
+        results = []
+        for text in batch["shard"]:
+            out = io.StringIO()
+            run_shard(self.engine, shard_from_json(str(text)), out, self.max_new)
+            results.append(out.getvalue())
+        return {"lines": results}
 
 
 def run_shards_on_ray(args: argparse.Namespace, shards: Sequence[Shard], out: IO[str],
                       on_done: Callable[[], None] | None = None) -> int:
     if not ray.is_initialized():
-        # A local cluster unless RAY_ADDRESS points at one; each actor claims one CPU.
+        # A local cluster unless RAY_ADDRESS points at one.
         ray.init(include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().execution_options.preserve_order = False  # write shards as they finish
     flags = {k: v for k, v in vars(args).items() if k != "func"}
-    pool = ActorPool([BatchWorker.remote(flags) for _ in range(args.replicas)])
+    dataset = ray.data.from_items([{"shard": shard_to_json(s)} for s in shards], override_num_blocks=len(shards))
+    results = dataset.map_batches(ShardRunner, fn_constructor_kwargs={"flags": flags}, batch_size=1,
+                                  concurrency=args.replicas, num_cpus=max(1, args.threads))
     written = 0
-    for lines in pool.map_unordered(lambda worker, shard: worker.run.remote(shard), shards):
+    for row in results.iter_rows():
+        lines = row["lines"].splitlines()
         out.write("".join(line + "\n" for line in lines))
         out.flush()
         written += len(lines)
