@@ -3,6 +3,7 @@
 Four kinds of batch are timed straight through the backend seam (no scheduler in the way):
 prefill chunks of several sizes, the same chunks resumed deep into a long prompt, decode steps for
 several sequence counts and context lengths, and prefill chunks with every slot's decode row mixed in.
+The model's characters per token, over a sample of text prompts, is recorded for the simulator.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cobali.backends.base import Backend
+from cobali.bench.workload import load_items
 from cobali.costs import DEFAULT_PROFILE, CostProfile, Measurement
 from cobali.options import add_backend_args, build_backend, positive_int
 
@@ -96,6 +98,15 @@ def _measure_deep_prefill(backend: Backend, seq: int, n_batch: int, repeats: int
     return points
 
 
+def chars_per_token(backend: Backend, texts: Sequence[str]) -> float:
+    """Characters per token of the model's tokenizer over `texts` (special tokens not counted)."""
+    n_chars = sum(map(len, texts))
+    n_tokens = sum(len(backend.tokenize(text, add_special=False)) for text in texts)
+    if n_tokens == 0:
+        raise ValueError("--text-sample holds no text to tokenize")
+    return n_chars / n_tokens
+
+
 def format_profile(profile: CostProfile) -> str:
     lines = [f"{'prefill':>8}{'at':>6}{'decode':>8}{'kv':>8}{'measured ms':>13}{'model ms':>10}{'tok/s':>9}"]
     for m in profile.measurements:
@@ -107,6 +118,7 @@ def format_profile(profile: CostProfile) -> str:
                  f" + {profile.decode_s_per_row * 1e3:.3f} ms/decode row"
                  f" + {profile.decode_s_per_kv_token * 1e6:.3f} us/decode KV token"
                  f" + {profile.prefill_s_per_kv_token * 1e6:.3f} us/prefill token per position of depth")
+    lines.append(f"tokenizer: {profile.chars_per_token:.2f} characters per token")
     return "\n".join(lines)
 
 
@@ -115,17 +127,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_backend_args(parser)
     parser.add_argument("--out", default=str(DEFAULT_PROFILE), help="where to write the profile")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timings per point (the median is kept)")
+    parser.add_argument("--text-sample", default="mixed_length",
+                        help="prompts file or scenario whose text measures the tokenizer's characters per token")
     parser.set_defaults(func=calibrate_command)
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
     args.max_slots += 1  # one more sequence than slots: prefill chunks are timed on it, beside full decodes
+    texts = [item.prompt for item in load_items(args.text_sample, flag="--text-sample") if isinstance(item.prompt, str)]
     backend = build_backend(args)
     info = backend.info
     print(f"calibrating {info.description}: n_batch {info.n_batch}, {info.n_seq_max} sequences")
     _time_batch(backend, [(0, p) for p in range(min(64, info.n_batch))], 1)  # warm-up
     points = measure(backend, info.n_seq_max, info.n_batch, args.repeats)
-    profile = CostProfile.fit(points, device=info.description, source="cobali calibrate")
+    profile = CostProfile.fit(points, device=info.description, source="cobali calibrate",
+                              chars_per_token=chars_per_token(backend, texts))
     print(format_profile(profile))
     profile.save(args.out)
     print(f"wrote {args.out}")

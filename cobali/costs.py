@@ -7,7 +7,8 @@ P prefill tokens, D decode rows, KV the decode rows' context tokens summed, PKV 
 chunk attends to beyond itself (its tokens times its start position, summed): on this CPU a 64-token chunk
 at position 1536 costs several times one at position 0. `cobali calibrate` measures the points and fits
 the five coefficients by least squares; the adaptive budget and the simulator read the same JSON. The
-model is linear: a tick mixing prefill and decode costs the sum of its parts.
+model is linear: a tick mixing prefill and decode costs the sum of its parts. A profile also records the
+model tokenizer's characters per token, so that the simulator sizes text prompts as the model would.
 
 Bundled profiles (`--profile NAME`):
 - `cpu-2core-smollm2`: this project's 2-core CPU and SmolLM2-135M Q4_1, measured by `cobali calibrate`.
@@ -45,6 +46,7 @@ class CostProfile:
     prefill_s_per_kv_token: float = 0.0
     device: str = ""
     source: str = ""
+    chars_per_token: float = 4.0  # BPE on English text; `cobali calibrate` measures the model's own
     measurements: tuple[Measurement, ...] = field(default=(), repr=False)
 
     def predict_tick_s(self, n_prefill_tokens: int, n_decode_rows: int, decode_kv_tokens: int,
@@ -56,13 +58,14 @@ class CostProfile:
         return self.predict_tick_s(m.prefill_tokens, m.decode_rows, m.decode_kv_tokens, m.prefill_kv_tokens)
 
     @classmethod
-    def fit(cls, points: list[Measurement], device: str, source: str) -> CostProfile:
+    def fit(cls, points: list[Measurement], device: str, source: str, chars_per_token: float = 4.0) -> CostProfile:
         x = np.array([[1.0, m.prefill_tokens, m.decode_rows, m.decode_kv_tokens, m.prefill_kv_tokens]
                       for m in points])
         y = np.array([m.seconds for m in points])
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
         coef = np.maximum(coef, 0.0)  # a negative cost is noise, and would make the budget unbounded
-        return cls(*map(float, coef), device=device, source=source, measurements=tuple(points))
+        return cls(*map(float, coef), device=device, source=source, chars_per_token=chars_per_token,
+                   measurements=tuple(points))
 
     def save(self, path: str | Path) -> None:
         data = asdict(self)

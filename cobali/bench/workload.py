@@ -12,7 +12,7 @@ from cobali.workloads import WorkItem, load_workload
 WORKLOADS_DIRS = (Path(__file__).resolve().parents[2] / "workloads", Path("workloads"))
 
 
-def resolve_prompts(spec: str) -> Path:
+def resolve_prompts(spec: str, flag: str = "--prompts") -> Path:
     """A path as given, or a scenario name such as `mixed_length` -> workloads/mixed_length.json."""
     path = Path(spec)
     if path.is_file():
@@ -23,12 +23,12 @@ def resolve_prompts(spec: str) -> Path:
             if candidate.is_file():
                 return candidate
         known = ", ".join(sorted({p.stem for d in WORKLOADS_DIRS if d.is_dir() for p in d.glob("*.json")}))
-        raise ValueError(f"--prompts {spec!r}: no such file or scenario (scenarios: {known or 'none'})")
-    raise ValueError(f"--prompts {spec!r}: no such file")
+        raise ValueError(f"{flag} {spec!r}: no such file or scenario (scenarios: {known or 'none'})")
+    raise ValueError(f"{flag} {spec!r}: no such file")
 
 
-def load_items(spec: str, num_prompts: int | None = None) -> list[WorkItem]:
-    items = load_workload(resolve_prompts(spec))
+def load_items(spec: str, num_prompts: int | None = None, flag: str = "--prompts") -> list[WorkItem]:
+    items = load_workload(resolve_prompts(spec, flag))
     return items[:num_prompts] if num_prompts else items
 
 

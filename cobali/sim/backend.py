@@ -37,13 +37,14 @@ class VirtualClock:
 class SimBackend(FakeBackend):
     def __init__(self, costs: CostModel, clock: VirtualClock | None = None, *, n_seq_max: int = 16,
                  n_ctx_seq: int = 2048, n_batch: int = 512, kv_unified: bool = False, n_vocab: int = 96,
-                 chars_per_token: int = 1, prefill_tile: int = 1) -> None:
+                 chars_per_token: float = 1.0, prefill_tile: int = 1) -> None:
         super().__init__(n_seq_max=n_seq_max, n_ctx_seq=n_ctx_seq, n_batch=n_batch, kv_unified=kv_unified,
                          n_vocab=n_vocab, prefill_tile=prefill_tile)
         self.costs = costs
         self.clock = clock or VirtualClock()
         # Text prompts: the fake makes one token per character, about 4x what a BPE vocabulary makes of
-        # English; grouping characters keeps simulated prompt lengths realistic.
+        # English; grouping characters (as many per token as the profiled model's tokenizer takes) keeps
+        # simulated prompt lengths realistic.
         self.chars_per_token = chars_per_token
         self.n_calls = 0
         self.busy_s = 0.0
@@ -111,8 +112,8 @@ class SimBackend(FakeBackend):
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         per_char = super().tokenize(text, add_special)
-        k = self.chars_per_token
-        if k == 1:
+        if self.chars_per_token == 1 or not per_char:
             return per_char
+        groups = np.array_split(np.asarray(per_char), max(1, round(len(per_char) / self.chars_per_token)))
         # Ids stay in [1, n_vocab): 0 is the fake's end-of-generation token.
-        return [sum(per_char[i:i + k]) % (self.n_vocab - 1) + 1 for i in range(0, len(per_char), k)]
+        return [int(group.sum()) % (self.n_vocab - 1) + 1 for group in groups]

@@ -41,8 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="output tokens of random prompts (default --max-new)")
     parser.add_argument("--random-range-ratio", type=float, default=0.0,
                         help="random lengths uniform in [len*(1-r), len*(1+r)]")
-    parser.add_argument("--chars-per-token", type=positive_int, default=4,
-                        help="text prompts: characters per simulated token (BPE on English is about 4)")
+    parser.add_argument("--chars-per-token", type=positive_float, default=None,
+                        help="text prompts: characters per simulated token (default: the profile's, "
+                             "measured from the model's tokenizer by calibrate; 4 if it has none)")
     parser.add_argument("--replicas", type=positive_int, default=1,
                         help="independent engines behind a fewest-queued-tokens router")
     parser.add_argument("--plan", action="store_true", help="find the fewest replicas meeting --target-ttft-p99")
@@ -56,12 +57,14 @@ def sim_spec(args: argparse.Namespace) -> SimSpec:
     n_ctx = args.ctx or PER_SEQ_CTX * (1 if args.kv_unified else args.max_slots)
     n_ctx_seq = n_ctx if args.kv_unified else n_ctx // args.max_slots
     config = engine_config(args, mode=args.mode, record_ticks=False)
-    return SimSpec(load_profile(args.profile), config, n_ctx_seq, args.kv_unified, args.replicas)
+    profile = load_profile(args.profile)
+    return SimSpec(profile, config, n_ctx_seq, args.kv_unified, args.replicas,
+                   chars_per_token=args.chars_per_token or profile.chars_per_token)
 
 
 def sim_workload(args: argparse.Namespace, spec: SimSpec) -> tuple[list[SimItem], np.ndarray]:
     items = file_items(args)
-    tokenizer = SimBackend(spec.costs, chars_per_token=args.chars_per_token)
+    tokenizer = SimBackend(spec.costs, chars_per_token=spec.chars_per_token)
     if items is None:
         items = random_items(args.num_prompts or 100, args.random_input_len, args.random_output_len or args.max_new,
                              args.random_range_ratio, tokenizer.n_vocab, args.seed)

@@ -32,6 +32,7 @@ class SimSpec:
     kv_unified: bool = False
     replicas: int = 1
     prefill_tile: int = LLAMA_CPP_PREFILL_TILE  # the simulated scheduler decides as it would on llama.cpp
+    chars_per_token: float = 4.0  # how text prompts become simulated tokens
 
 
 @dataclass(frozen=True)

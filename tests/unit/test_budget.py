@@ -52,13 +52,19 @@ def test_bad_target_is_rejected() -> None:
         Engine(FakeBackend(), EngineConfig(max_slots=4, itl_target_ms=100))
 
 
-def test_engine_plans_follow_the_adaptive_budget() -> None:
+def decode_beside_a_long_prompt(costs: CostProfile, n_decode: int, prompt_len: int) -> Engine:
+    """Request 0 (10 prompt tokens) decodes while request 1's prompt is prefilled under a 100 ms target."""
     engine = Engine(FakeBackend(n_seq_max=4, n_batch=512),
-                    EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100), costs=PROFILE)
-    engine.add_request([5] * 10, SamplingParams(max_tokens=50, ignore_eos=True))
+                    EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100), costs=costs)
+    engine.add_request([5] * 10, SamplingParams(max_tokens=n_decode, ignore_eos=True))
     engine.step()
-    engine.add_request([6] * 400, SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.add_request([6] * prompt_len, SamplingParams(max_tokens=2, ignore_eos=True))
     engine.run_until_done()
+    return engine
+
+
+def test_engine_plans_follow_the_adaptive_budget() -> None:
+    engine = decode_beside_a_long_prompt(PROFILE, n_decode=50, prompt_len=400)
     sizes = [[(c.request_id, c.n_tokens) for c in t.plan.chunks] for t in engine.ticks[:4]]
     # One decode row (5 ms + 11 us of KV) beside 10 ms fixed: (100 - 15.011) / 2 -> 42 prefill tokens a tick.
     assert sizes == [[(0, 10)], [(0, 1), (1, 42)], [(0, 1), (1, 42)], [(0, 1), (1, 42)]]
@@ -67,12 +73,7 @@ def test_engine_plans_follow_the_adaptive_budget() -> None:
 def test_chunks_shrink_as_a_long_prompt_goes_deeper() -> None:
     deep = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,
                        prefill_s_per_kv_token=1e-5)
-    engine = Engine(FakeBackend(n_seq_max=4, n_batch=512),
-                    EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100), costs=deep)
-    engine.add_request([5] * 10, SamplingParams(max_tokens=40, ignore_eos=True))
-    engine.step()
-    engine.add_request([6] * 300, SamplingParams(max_tokens=2, ignore_eos=True))
-    engine.run_until_done()
+    engine = decode_beside_a_long_prompt(deep, n_decode=40, prompt_len=300)
     chunks = [c.n_tokens for t in engine.ticks for c in t.plan.chunks if c.request_id == 1 and c.n_tokens > 1]
     # At depth d a token costs 2 ms + 10 us x d: 42 tokens at 0, then 35 at 42, then 30 at 77 but never
     # under the 32-token minimum chunk.

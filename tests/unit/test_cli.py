@@ -14,6 +14,8 @@ from cobali import cli
     (["run", "--prompts", "/nonexistent/p.txt"], "prompts file not found: /nonexistent/p.txt"),
     (["run", "--prompts", "x.csv"], "prompts file not found: x.csv"),
     (["calibrate", "--repeats", "0"], "--repeats: expected a positive integer, got 0"),
+    (["calibrate", "--text-sample", "no_such_scenario"], "--text-sample 'no_such_scenario': no such file"),
+    (["simulate", "--prompts", "short_burst", "--chars-per-token", "0"], "--chars-per-token: expected a number > 0"),
     (["bench", "--configs", "seq,warp", "--prompts", "short_burst"], "unknown config 'warp'"),
 ])
 def test_bad_flags_name_the_value(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:

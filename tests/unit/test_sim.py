@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from cobali.backends.fake import FakeBackend
+from cobali.calibrate import chars_per_token
 from cobali.cli import main
 from cobali.costs import CostProfile, load_profile
 from cobali.engine.engine import Engine, EngineConfig
@@ -85,6 +88,7 @@ def test_bundled_profiles_load() -> None:
     cpu = load_profile("cpu-2core-smollm2")  # measured by `cobali calibrate` on this 2-core CPU
     assert cpu.predict_tick_s(0, 16, 0) > cpu.predict_tick_s(0, 1, 0) > 0
     assert 150 < 256 / cpu.predict_tick_s(256, 0, 0) < 600, "prefill of the 135M model runs at ~300 tok/s"
+    assert 4.0 < cpu.chars_per_token < 5.0, "the model's tokenizer, measured over mixed_length"
     assert "ESTIMATE" in load_profile("h100-llama-8b").device
 
 
@@ -96,3 +100,29 @@ def test_simulate_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "requests            30 (0 failed)" in out and "TTFT" in out
     assert main([*argv, "--plan", "--target-ttft-p99", "2000"]) == 0
     assert "fewest replicas with TTFT p99 <= 2000 ms" in capsys.readouterr().out
+
+
+def test_text_prompts_take_the_profiles_characters_per_token() -> None:
+    backend = SimBackend(UNIT, chars_per_token=4.45)
+    tokens = backend.tokenize("x" * 4450)
+    assert len(tokens) == 1000 and all(0 < t < backend.n_vocab for t in tokens)
+    assert len(backend.tokenize("abc")) == 1 and backend.tokenize("") == []
+    assert len(SimBackend(UNIT).tokenize("abc")) == 3  # one token per character, as the fake backend
+
+
+def test_simulate_sizes_text_prompts_by_the_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tmp_path / "profile.json"
+    CostProfile(0.01, 0.001, 0.001, 0.0, chars_per_token=2.0).save(profile)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("y" * 100 + "\n" + "z" * 60 + "\n")
+    argv = ["simulate", "--profile", str(profile), "--prompts", str(prompts), "--max-new", "4"]
+    assert main(argv) == 0
+    assert "prompt tokens       80\n" in capsys.readouterr().out
+    assert main([*argv, "--chars-per-token", "4"]) == 0
+    assert "prompt tokens       40\n" in capsys.readouterr().out
+
+
+def test_calibrate_measures_characters_per_token() -> None:
+    assert chars_per_token(FakeBackend(), ["hello", "world!"]) == 1.0  # the fake makes a token per character
+    with pytest.raises(ValueError, match="--text-sample"):
+        chars_per_token(FakeBackend(), [""])
