@@ -15,15 +15,16 @@ from __future__ import annotations
 import csv
 import sys
 from collections import defaultdict
+from dataclasses import replace
 
 from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 from cobali.bench.cli import file_items
 from cobali.bench.workload import arrival_offsets
 from cobali.cli import build_parser
-from cobali.engine.engine import TickRecord
 from cobali.model import embedded_model_path
+from cobali.sim.backend import SimBackend
 from cobali.sim.cli import sim_spec
-from cobali.sim.cluster import Replica, SimItem
+from cobali.sim.cluster import SimItem, simulate
 
 
 def kind(decode_rows: int, prefill_tokens: int) -> str:
@@ -34,29 +35,24 @@ def simulated_ticks(argv: list[str]) -> list[tuple[int, int, float]]:
     """(decode rows, prefill tokens, predicted s) of every tick of the simulated run."""
     args = build_parser().parse_args(["simulate", *argv])
     spec = sim_spec(args)
+    spec = replace(spec, replicas=1, config=replace(spec.config, record_ticks=True))
     items = file_items(args)
     if items is None:
         raise SystemExit("give the real run's --prompts file")
     model = LlamaCppBackend(LlamaCppOptions(embedded_model_path(), n_seq_max=1))
-    replica = Replica(spec, [None] * len(items))
-    n_vocab = replica.backend.n_vocab
-    ticks: list[tuple[int, int, float]] = []
-
-    def on_tick(record: TickRecord) -> None:
-        ticks.append((record.plan.n_decode, record.plan.n_prefill_tokens, record.decode_s))
-
-    replica.engine.on_tick = on_tick
-    for index, (item, t) in enumerate(zip(items, arrival_offsets(len(items), args.request_rate,
-                                                                 args.burstiness, args.seed), strict=True)):
+    n_vocab = SimBackend(spec.costs).n_vocab
+    work = []
+    for item in items:
         ids = model.tokenize(item.prompt) if isinstance(item.prompt, str) else item.prompt
-        tokens = [1 + token % (n_vocab - 1) for token in ids]  # 0 is the fake's end of generation
-        replica.run_until(t)
-        replica.arrive(index, SimItem(tokens, item.max_tokens or args.max_new), t)
-    replica.run_until(float("inf"))
-    return ticks
+        # The model's ids folded into the simulated vocabulary; 0 is the fake's end of generation.
+        work.append(SimItem([1 + token % (n_vocab - 1) for token in ids], item.max_tokens or args.max_new))
+    result = simulate(work, arrival_offsets(len(work), args.request_rate, args.burstiness, args.seed).tolist(), spec)
+    return [(t.plan.n_decode, t.plan.n_prefill_tokens, t.decode_s) for t in result.replicas[0].engine.ticks]
 
 
 def main() -> int:
+    if len(sys.argv) < 3 or not sys.argv[1].endswith(".csv"):
+        raise SystemExit(__doc__)
     real_path, argv = sys.argv[1], sys.argv[2:]
     with open(real_path) as f:
         real = [(int(r["decode_rows"]), int(r["prefill_rows"]), float(r["decode_ms"]) / 1e3) for r in csv.DictReader(f)]
