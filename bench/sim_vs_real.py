@@ -54,8 +54,12 @@ def main() -> int:
     if len(sys.argv) < 3 or not sys.argv[1].endswith(".csv"):
         raise SystemExit(__doc__)
     real_path, argv = sys.argv[1], sys.argv[2:]
-    with open(real_path) as f:
-        real = [(int(r["decode_rows"]), int(r["prefill_rows"]), float(r["decode_ms"]) / 1e3) for r in csv.DictReader(f)]
+    try:
+        with open(real_path) as f:
+            real = [(int(r["decode_rows"]), int(r["prefill_rows"]), float(r["decode_ms"]) / 1e3)
+                    for r in csv.DictReader(f)]
+    except (OSError, KeyError, ValueError) as err:
+        raise SystemExit(f"{real_path}: not a ticks CSV written by `cobali bench --out` ({err!r})") from None
     sim = simulated_ticks(argv)
     same = sum(s[:2] == r[:2] for s, r in zip(sim, real, strict=False))
     print(f"ticks: simulated {len(sim)}, real {len(real)}; same decode rows and prefill tokens: {same}")

@@ -26,6 +26,7 @@ import numpy as np
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = PROFILES_DIR / "cpu-2core-smollm2.json"
+DEFAULT_CHARS_PER_TOKEN = 4.0  # BPE on English text, for profiles that did not measure their model's
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class CostProfile:
     prefill_s_per_kv_token: float = 0.0
     device: str = ""
     source: str = ""
-    chars_per_token: float = 4.0  # BPE on English text; `cobali calibrate` measures the model's own
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN  # `cobali calibrate` measures the model's own
     measurements: tuple[Measurement, ...] = field(default=(), repr=False)
 
     def predict_tick_s(self, n_prefill_tokens: int, n_decode_rows: int, decode_kv_tokens: int,
@@ -58,7 +59,8 @@ class CostProfile:
         return self.predict_tick_s(m.prefill_tokens, m.decode_rows, m.decode_kv_tokens, m.prefill_kv_tokens)
 
     @classmethod
-    def fit(cls, points: list[Measurement], device: str, source: str, chars_per_token: float = 4.0) -> CostProfile:
+    def fit(cls, points: list[Measurement], device: str, source: str,
+            chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> CostProfile:
         x = np.array([[1.0, m.prefill_tokens, m.decode_rows, m.decode_kv_tokens, m.prefill_kv_tokens]
                       for m in points])
         y = np.array([m.seconds for m in points])

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from cobali.backends.base import LLAMA_CPP_PREFILL_TILE
 from cobali.batch.driver import Driver, Pending
 from cobali.bench.metrics import RequestTiming, request_timing, summarize_timings
+from cobali.costs import DEFAULT_CHARS_PER_TOKEN
 from cobali.engine.budget import CostModel
 from cobali.engine.engine import Engine, EngineConfig, TickRecord
 from cobali.engine.sampling import SamplingParams
@@ -32,7 +33,7 @@ class SimSpec:
     kv_unified: bool = False
     replicas: int = 1
     prefill_tile: int = LLAMA_CPP_PREFILL_TILE  # the simulated scheduler decides as it would on llama.cpp
-    chars_per_token: float = 4.0  # how text prompts become simulated tokens
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN  # how text prompts become simulated tokens
 
 
 @dataclass(frozen=True)
