@@ -254,3 +254,19 @@ class LlamaCppSampler:
         if self.chain:
             ll.llama_sampler_free(self.chain)
             self.chain = None
+
+
+def quantize_model(src: str, dst: str, quant: str, n_threads: int = 0) -> None:
+    """Rewrite the GGUF at `src` into `dst` with weights of type `quant` (a llama_ftype name such as
+    Q5_K_M), through llama.cpp's own quantizer: the same mixes llama-quantize makes."""
+    ftype = getattr(ll, f"LLAMA_FTYPE_MOSTLY_{quant.upper()}", None)
+    if ftype is None:
+        raise ValueError(f"unknown quantization type {quant!r} (llama_ftype names, e.g. Q5_K_M, Q4_K_M, Q8_0)")
+    _silence_logs()
+    ll.llama_backend_init()
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = n_threads
+    code = ll.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+    if code != 0:
+        raise ValueError(f"llama_model_quantize failed ({code}) for {src} -> {dst} as {quant}")

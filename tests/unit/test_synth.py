@@ -1,0 +1,49 @@
+"""Dummy-weight model shapes and the synth-model command line (no llama.cpp needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cobali import cli
+from cobali.synth import SHAPES, ModelShape, tensor_shapes
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    # Parameter counts of the published models (embeddings included, tied ones counted once).
+    ("qwen2.5-0.5b", 494_032_768),
+    ("qwen2.5-7b", 7_615_616_512),
+    ("llama-3.2-1b", 1_235_814_400),
+    ("llama-3.1-8b", 8_030_261_248),
+])
+def test_named_shapes_have_the_real_models_parameter_counts(name: str, params: int) -> None:
+    assert SHAPES[name].n_params == params
+
+
+def test_the_paper_model_shape() -> None:
+    shape = SHAPES["qwen2.5-0.5b"]
+    assert (shape.n_layer, shape.n_embd, shape.n_head, shape.n_head_kv, shape.n_ff, shape.n_vocab) == (
+        24, 896, 14, 2, 4864, 151936)
+    names = [name for name, _ in tensor_shapes(shape)]
+    assert "output.weight" not in names  # tied embeddings
+    assert "blk.23.attn_q.bias" in names  # qwen2 has q/k/v biases
+
+
+def test_impossible_head_splits_are_rejected() -> None:
+    with pytest.raises(ValueError, match="heads"):
+        ModelShape("llama", 2, 100, 3, 1, 256, 49152, tied_embeddings=True)
+    with pytest.raises(ValueError, match="architecture"):
+        ModelShape("gpt9", 2, 256, 4, 2, 512, 49152, tied_embeddings=True)
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["synth-model", "--out", "x.gguf", "--n-layer", "2"], "without --like, give every dimension"),
+    (["synth-model", "--like", "gpt-5", "--out", "x.gguf"], "invalid choice: 'gpt-5'"),
+    (["synth-model", "--like", "tiny", "--quant", "Q9_X", "--out", "x.gguf"], "invalid choice: 'Q9_X'"),
+    (["synth-model", "--like", "tiny", "--n-vocab", "1000", "--out", "x.gguf"], "smaller than the embedded"),
+    (["synth-model", "--like", "tiny", "--n-head", "3", "--out", "x.gguf"], "must split into 3 heads"),
+])
+def test_bad_synth_flags_name_the_value(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert fragment in capsys.readouterr().err
