@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 
 from cobali.backends.base import Backend
-from cobali.engine.budget import CostModel
+from cobali.costs import CostProfile, load_profile
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
 from cobali.engine.queue import QUEUE_ORDERS
@@ -62,7 +62,9 @@ def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0)
                         help="adaptive chunking: size each tick's prefill to keep the predicted tick under this "
                              f"(0 = fixed budget: --n-batch and --prefill-chunk-tokens; default {itl_target_ms:g})")
     parser.add_argument("--profile", default=None,
-                        help="cost profile from `cobali calibrate` (default: the bundled one for this CPU)")
+                        help="cost profile (`cobali calibrate`'s JSON or a bundled name): seeds the tick costs an ITL "
+                             "target learns online (default: learn from scratch); `cobali simulate` runs on it "
+                             "(default there: this CPU's bundled profile)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="do not reuse KV of earlier prompts sharing a prefix")
 
@@ -92,17 +94,16 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
                         **overrides)
 
 
-def load_costs(args: argparse.Namespace, backend: Backend | None = None) -> CostModel | None:
-    """The cost profile an ITL target needs (--profile, else the bundled one); None without a target.
-    A profile measured on another device or model still runs, with a note: its predictions are off."""
-    if args.itl_target_ms <= 0:
+def load_costs(args: argparse.Namespace, backend: Backend | None = None) -> CostProfile | None:
+    """The --profile that seeds the tick costs an ITL target learns online; None without a target or a
+    profile (the engine then learns from scratch). A profile measured on another device or model still
+    runs, with a note: its first predictions are off until the engine has re-learned them."""
+    if args.itl_target_ms <= 0 or args.profile is None:
         return None
-    from cobali.costs import load_profile
-
     profile = load_profile(args.profile)
     if backend is not None and profile.device != backend.info.description:
         print(f"note: the cost profile is for '{profile.device}', not '{backend.info.description}'; "
-              "run `cobali calibrate` (and pass --profile) for accurate adaptive chunking", file=sys.stderr)
+              "the engine re-learns its tick costs over the first ticks", file=sys.stderr)
     return profile
 
 

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from cobali.backends.base import Backend, DecodeError
-from cobali.engine.budget import CostModel, tick_budget
+from cobali.engine.budget import tick_budget
+from cobali.engine.costfit import CostCoefficients, TickTerms
 from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
 from cobali.engine.sampling import RowSampler, SamplingParams, token_logprob
-from cobali.engine.scheduler import Plan, Scheduler
+from cobali.engine.scheduler import ChunkKind, Plan, Scheduler
 
 # Called after every sampled token and at finish: (request, text delta). Runs on the engine thread.
 TokenCallback = Callable[[Request, str], None]
@@ -71,9 +72,18 @@ class TickRecord:
         return (self.end - self.start) - self.decode_s
 
 
+def tick_terms(plan: Plan) -> TickTerms:
+    """The plan in the cost model's terms: a decode row at position p reads p KV tokens, a prefill chunk
+    of n tokens starting at p reads n * p beyond itself."""
+    decodes = [c for c in plan.chunks if c.kind is ChunkKind.DECODE]
+    prefill_kv = sum(c.n_tokens * c.start for c in plan.chunks if c.kind is ChunkKind.PREFILL)
+    return TickTerms(plan.n_prefill_tokens, len(decodes), sum(c.start for c in decodes), prefill_kv)
+
+
 class Engine:
     def __init__(self, backend: Backend, config: EngineConfig | None = None,
-                 clock: Callable[[], float] = time.perf_counter, costs: CostModel | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, costs: CostCoefficients | None = None) -> None:
+        """costs: a cost profile that seeds the tick costs an ITL target learns online."""
         self.backend = backend
         # Every timestamp comes from this clock; a simulated backend passes its virtual one.
         self.clock = clock
@@ -161,11 +171,15 @@ class Engine:
         except DecodeError as err:
             decode_end = self.clock()
             self._recover(plan, err, decode_end)
+            decoded = False
         else:
             decode_end = self.clock()
             self._sample_plan(plan, logits, decode_end)
+            decoded = True
         record = TickRecord(plan, start, decode_start, decode_end, self.clock(),
                             n_running=n_running, n_waiting=n_waiting)
+        if decoded:  # the whole tick, host work included, is what a client sees between two tokens
+            self.scheduler.budget.observe(tick_terms(plan), record.end - record.start)
         if self.config.record_ticks:
             self.ticks.append(record)
         if self.on_tick is not None:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from cobali.backends.fake import FakeBackend
 from cobali.costs import CostProfile, Measurement
 from cobali.engine.budget import AdaptiveBudget
+from cobali.engine.costfit import OnlineCostFit
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.sampling import SamplingParams
+from cobali.sim.backend import SimBackend
 
 # 10 ms per tick, 2 ms per prefill token, 5 ms per decode row, 1 us per decode KV token.
 PROFILE = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6)
 
 
 def test_prefill_gets_what_fits_under_the_target() -> None:
-    budget = AdaptiveBudget(PROFILE, itl_target_s=0.250, n_batch=512)
+    budget = AdaptiveBudget(OnlineCostFit(PROFILE), itl_target_s=0.250, n_batch=512)
     # 4 decodes with 1000 KV tokens: 10 + 20 + 1 = 31 ms paid, 219 ms left -> 109 tokens.
     assert budget.prefill_tokens(4, 1000) == 109
     assert budget.tokens(4, 1000) == 113
@@ -24,7 +25,7 @@ def test_prefill_gets_what_fits_under_the_target() -> None:
 def test_a_deep_prefill_gets_fewer_tokens() -> None:
     deep = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,
                        prefill_s_per_kv_token=1e-6)
-    budget = AdaptiveBudget(deep, itl_target_s=0.250, n_batch=512)
+    budget = AdaptiveBudget(OnlineCostFit(deep), itl_target_s=0.250, n_batch=512)
     assert budget.prefill_tokens(4, 1000, prefill_depth=0) == 109
     # Resuming at position 2000, each token also attends to 2000 earlier ones: 2 + 2 = 4 ms a token.
     assert budget.prefill_tokens(4, 1000, prefill_depth=2000) == 54
@@ -32,30 +33,30 @@ def test_a_deep_prefill_gets_fewer_tokens() -> None:
 
 
 def test_no_decodes_means_the_whole_batch() -> None:
-    assert AdaptiveBudget(PROFILE, 0.250, 512).prefill_tokens(0, 0) == 512
+    assert AdaptiveBudget(OnlineCostFit(PROFILE), 0.250, 512).prefill_tokens(0, 0) == 512
 
 
 def test_a_target_too_tight_still_leaves_the_minimum_chunk() -> None:
-    budget = AdaptiveBudget(PROFILE, itl_target_s=0.020, n_batch=512, min_chunk=32)
+    budget = AdaptiveBudget(OnlineCostFit(PROFILE), itl_target_s=0.020, n_batch=512, min_chunk=32)
     assert budget.prefill_tokens(16, 8000) == 32
 
 
 def test_budget_never_exceeds_n_batch() -> None:
-    budget = AdaptiveBudget(PROFILE, itl_target_s=10.0, n_batch=256)
+    budget = AdaptiveBudget(OnlineCostFit(PROFILE), itl_target_s=10.0, n_batch=256)
     assert budget.tokens(16, 100) == 256
 
 
 def test_bad_target_is_rejected() -> None:
     with pytest.raises(ValueError, match="ITL target"):
-        AdaptiveBudget(PROFILE, itl_target_s=0.0, n_batch=256)
-    with pytest.raises(ValueError, match="cost profile"):
-        Engine(FakeBackend(), EngineConfig(max_slots=4, itl_target_ms=100))
+        AdaptiveBudget(OnlineCostFit(PROFILE), itl_target_s=0.0, n_batch=256)
 
 
 def decode_beside_a_long_prompt(costs: CostProfile, n_decode: int, prompt_len: int) -> Engine:
-    """Request 0 (10 prompt tokens) decodes while request 1's prompt is prefilled under a 100 ms target."""
-    engine = Engine(FakeBackend(n_seq_max=4, n_batch=512),
-                    EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100), costs=costs)
+    """Request 0 (10 prompt tokens) decodes while request 1's prompt is prefilled under a 100 ms target.
+    Ticks take the profile's time, so the fit it seeds stays where it is."""
+    backend = SimBackend(costs, n_seq_max=4, n_batch=512)
+    engine = Engine(backend, EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100),
+                    clock=backend.clock, costs=costs)
     engine.add_request([5] * 10, SamplingParams(max_tokens=n_decode, ignore_eos=True))
     engine.step()
     engine.add_request([6] * prompt_len, SamplingParams(max_tokens=2, ignore_eos=True))
@@ -104,8 +105,9 @@ def test_profile_round_trips_through_json(tmp_path) -> None:
 def test_a_short_tail_rides_along_past_the_budget() -> None:
     """The budget allows 64 tokens (the tile floor), but 64 + 36 would leave a 36-token tail on the slow
     path: the 100-token prompt goes in whole."""
-    engine = Engine(FakeBackend(n_seq_max=4, n_batch=512, prefill_tile=64),
-                    EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100), costs=PROFILE)
+    backend = SimBackend(PROFILE, n_seq_max=4, n_batch=512, prefill_tile=64)
+    engine = Engine(backend, EngineConfig(max_slots=4, n_batch=512, prefill_chunk_tokens=512, itl_target_ms=100),
+                    clock=backend.clock, costs=PROFILE)
     engine.add_request([5] * 10, SamplingParams(max_tokens=20, ignore_eos=True))
     engine.step()
     engine.add_request([6] * 100, SamplingParams(max_tokens=2, ignore_eos=True))
