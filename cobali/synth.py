@@ -98,24 +98,39 @@ def tensor_shapes(shape: ModelShape) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield _name(t.OUTPUT), (shape.n_vocab, d)
 
 
-def random_tensor(name: str, dims: tuple[int, ...], n_layer: int, rng: np.random.Generator) -> np.ndarray:
-    if len(dims) == 1:  # norms multiply by 1, biases add 0: F32, as llama.cpp keeps them
-        return np.full(dims, 1.0 if name.endswith("norm.weight") else 0.0, dtype=np.float32)
-    std = 1.0 / np.sqrt(dims[1])
-    if ".attn_output." in name or ".ffn_down." in name:  # writes into the residual stream
-        std /= np.sqrt(2 * n_layer)
-    out = np.empty(dims, dtype=np.float16)
-    step = max(1, (1 << 24) // dims[1])  # draw in slices: an 8B embedding is 0.5 G values
-    for row in range(0, dims[0], step):
-        out[row:row + step] = rng.standard_normal((min(step, dims[0] - row), dims[1]), dtype=np.float32) * std
-    return out
+class WeightSource:
+    """Random weight values: a pool of unit-variance values drawn once, read from random offsets. An 8B
+    model needs 8 G values, whose drawing alone takes minutes on 2 cores; only their scale matters here."""
+
+    def __init__(self, seed: int = 0, pool_size: int = 1 << 22) -> None:
+        self.rng = np.random.default_rng(seed)
+        half = self.rng.uniform(-np.sqrt(3.0), np.sqrt(3.0), pool_size).astype(np.float32)
+        self.pool = np.concatenate([half, half])  # a slice from any offset up to pool_size wraps around
+        self.pool_size = pool_size
+
+    def tensor(self, name: str, dims: tuple[int, ...], n_layer: int) -> np.ndarray:
+        if len(dims) == 1:  # norms multiply by 1, biases add 0: F32, as llama.cpp keeps them
+            return np.full(dims, 1.0 if name.endswith("norm.weight") else 0.0, dtype=np.float32)
+        std = 1.0 / np.sqrt(dims[1])
+        if ".attn_output." in name or ".ffn_down." in name:  # writes into the residual stream
+            std /= np.sqrt(2 * n_layer)
+        out = np.empty(dims, dtype=np.float16)
+        flat = out.reshape(-1)
+        for start in range(0, flat.size, self.pool_size):
+            n = min(self.pool_size, flat.size - start)
+            offset = int(self.rng.integers(self.pool_size))
+            np.multiply(self.pool[offset:offset + n], std, out=flat[start:start + n], casting="unsafe")
+        return out
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, source: str, n_vocab: int) -> None:
+def _add_tokenizer(writer: gguf.GGUFWriter, source: str, n_vocab: int | None = None) -> None:
     """Copy the source model's tokenizer, padded with never-produced tokens up to n_vocab."""
     reader = gguf.GGUFReader(source)
     field = lambda key: reader.fields[key].contents()  # noqa: E731
+    if "tokenizer.ggml.tokens" not in reader.fields:
+        raise ValueError(f"{source} holds no tokenizer")
     tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+    n_vocab = n_vocab or len(tokens)
     if n_vocab < len(tokens):
         raise ValueError(f"vocabulary {n_vocab} is smaller than the embedded tokenizer's {len(tokens)}")
     pad = n_vocab - len(tokens)
@@ -131,6 +146,17 @@ def _add_tokenizer(writer: gguf.GGUFWriter, source: str, n_vocab: int) -> None:
     writer.add_add_bos_token(field("tokenizer.ggml.add_bos_token"))
     writer.add_add_space_prefix(field("tokenizer.ggml.add_space_prefix"))
     writer.add_chat_template(field("tokenizer.chat_template"))
+
+
+def write_tokenizer(source: str, path: str) -> None:
+    """A GGUF holding only `source`'s tokenizer: what synth-model needs of the embedded model, in ~2 MB
+    instead of its 100 MB (the GPU kit carries it)."""
+    writer = gguf.GGUFWriter(path, "llama")
+    _add_tokenizer(writer, source)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
 
 
 def write_f16(shape: ModelShape, path: str, tokenizer_source: str, seed: int = 0) -> None:
@@ -156,9 +182,9 @@ def write_f16(shape: ModelShape, path: str, tokenizer_source: str, seed: int = 0
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    rng = np.random.default_rng(seed)
+    source = WeightSource(seed)
     for name, dims in layout:
-        writer.write_tensor_data(random_tensor(name, dims, shape.n_layer, rng))
+        writer.write_tensor_data(source.tensor(name, dims, shape.n_layer))
     writer.close()
 
 
@@ -207,6 +233,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       ("n-head-kv", "KV heads"), ("n-ff", "FFN size"), ("n-vocab", "vocabulary (>= 49152)")):
         parser.add_argument(f"--{dim}", type=positive_int, default=None, help=f"{what} (overrides --like)")
     parser.add_argument("--tied", action="store_true", help="without --like: output projection = embeddings")
+    parser.add_argument("--tokenizer", default=None,
+                        help="GGUF whose tokenizer is copied (default: the embedded SmolLM2 model)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="quantizer threads (0 = all cores)")
     parser.set_defaults(func=synth_command)
@@ -217,7 +245,10 @@ def synth_command(args: argparse.Namespace) -> int:
 
     shape = shape_from_args(args)
     start = time.perf_counter()
-    path = synth_model(shape, args.quant, args.out, embedded_model_path(), args.seed, args.threads)
+    tokenizer = args.tokenizer or embedded_model_path()
+    if not os.path.isfile(tokenizer):
+        raise ValueError(f"--tokenizer {tokenizer}: no such file")
+    path = synth_model(shape, args.quant, args.out, tokenizer, args.seed, args.threads)
     size = os.path.getsize(path)
     print(f"wrote {path}: {shape.arch}, {shape.n_params / 1e9:.3f} B params, {args.quant}, "
           f"{size / 2**20:.1f} MiB in {time.perf_counter() - start:.1f} s")
