@@ -40,7 +40,7 @@ build_llama() {  # background build, polled; returns 0 when the four targets exi
     # setsid: the build outlives this command if the deadline cuts it, and the next call picks it up.
     setsid bash -c "cmake -S '$WORK/llama.cpp' -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF $flags \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF $flags \
       && cmake --build '$build' -j$(nproc) --target llama llama-server llama-batched-bench llama-quantize \
       && touch '$build/.done'" >"$log" 2>&1 </dev/null &
     echo $! >"$WORK/build.pid"

@@ -1,7 +1,7 @@
 """How many tokens one tick may carry.
 
-Fixed: always n_batch (the paper's setting, with a fixed --prefill-chunk-tokens). Adaptive: a measured
-cost profile predicts the tick's time, and prefill gets as many tokens as fit under the ITL target
+Fixed: always n_batch (the paper's setting, with a fixed --prefill-chunk-tokens). Adaptive: the tick-cost
+model predicts the tick's time, and prefill gets as many tokens as fit under the ITL target
 once this tick's decode rows are paid for, priced at the depth of the deepest prompt being prefilled
 (a chunk deep into a long prompt attends to all of it). With nothing decoding there is no ITL to protect,
 so prefill takes the whole n_batch; with a long decode set it still gets min_chunk, so TTFT stays bounded.
