@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cobali.backends.base import Backend
-from cobali.bench import plots
+from cobali.bench import fidelity_cli, plots
 from cobali.bench.metrics import latency_samples
 from cobali.bench.offline import BenchConfig, LoadOptions, parse_configs, run_configs, sweep_configs
 from cobali.bench.report import (
@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--random-range-ratio", type=float, default=0.0,
                         help="random lengths uniform in [len*(1-r), len*(1+r)]")
     parser.set_defaults(func=bench_command)
-    nested = parser.add_subparsers(dest="bench_command", metavar="{serve}")
+    nested = parser.add_subparsers(dest="bench_command", metavar="{serve,fidelity}")
     serve = nested.add_parser("serve", help="stream a workload against an OpenAI-compatible /v1/completions")
     serve.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     add_load_args(serve, prompts_required=True)
@@ -79,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="model name to send (default: the first one the server lists)")
     serve.add_argument("--api-key", default=None, help="sent as a Bearer token")
     serve.set_defaults(func=serve_command)
+    fidelity_cli.register(nested)
 
 
 def bench_configs(args: argparse.Namespace) -> list[BenchConfig]:

@@ -23,16 +23,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from cobali.model import embedded_model_path
-
 COBALI = str(Path(sys.executable).with_name("cobali"))
 PROMPT = "The capital of France is"
-
-try:
-    embedded_model_path()
-except ValueError as err:
-    pytest.skip(str(err), allow_module_level=True)
-
 
 def free_port() -> int:
     with socket.socket() as sock:
