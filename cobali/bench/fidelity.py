@@ -21,13 +21,16 @@ from cobali.engine.request import FinishReason
 from cobali.engine.sampling import SamplingParams
 from cobali.workloads import WorkItem
 
-# Largest reference margin (nats) at which a divergence still counts as noise. Chosen from the margins
-# measured at divergences on this project's machines: every noise divergence over prompts_16, mixed_length,
-# the preemption test and the prefix-cache runs sat below 0.2 nats; planted bugs diverge at 1-10+ nats.
-# The README's "Output fidelity" section has the distribution.
-EPSILON = 0.5
-# Below this share of tokens in common (summed over requests, up to each first divergence), a run that only
-# diverges at near-ties is still suspect: near-ties should be rare.
+# Largest reference margin (nats) at which a divergence still counts as noise. Measured on this project's
+# 2-core AMD EPYC VM (bench/fidelity_matrix.sh; README, "Output fidelity"): noise divergences over two workloads
+# and four configurations (mixed batches, 32-token chunks, preemption, prefix reuse) all sat at margins of
+# 0.002-0.31 nats; the planted bugs of tests/integration/test_engine_real.py diverged at up to 2.5-3.1 nats
+# (the first step of a corrupted request may still land on a near-tie: a run is judged by its largest).
+# 1.0 leaves 3x headroom over the noise for other CPUs' kernels and stays well under the bugs.
+EPSILON = 1.0
+# The tests' second check: with few tokens a request, most must be in common (summed over requests, up to each
+# first divergence). Not part of the verdict: over long outputs near-ties become likely, and a correct prefix
+# cache on mixed_length kept only 43 % of tokens in common while every divergence sat under 0.22 nats.
 MIN_COMMON_FRACTION = 0.5
 TOP_LOGPROBS = 2  # the margin needs the two most likely tokens
 
@@ -90,7 +93,12 @@ class FidelityReport:
 
     @property
     def passed(self) -> bool:
-        return not self.errors and not self.flagged and self.common_fraction >= MIN_COMMON_FRACTION
+        """The verdict: every request ran, and no divergence came at a clear margin."""
+        return not self.errors and not self.flagged
+
+    @property
+    def mostly_common(self) -> bool:
+        return self.common_fraction >= MIN_COMMON_FRACTION
 
     def summary(self) -> dict:
         return {

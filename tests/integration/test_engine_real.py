@@ -53,7 +53,7 @@ def test_seq_answers_sensibly(backend) -> None:
 @pytest.mark.parametrize("chunk", [64, 8])
 def test_cont_matches_seq_up_to_near_ties(backend, seq_traces, chunk: int) -> None:
     report = compare_runs(seq_traces, traces(backend, "cont", prefill_chunk_tokens=chunk))
-    assert report.passed, report.describe()
+    assert report.passed and report.mostly_common, report.describe()
 
 
 def test_sampling_chain_with_seed_is_reproducible(backend) -> None:

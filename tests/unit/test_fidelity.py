@@ -46,7 +46,7 @@ def reference() -> list[Trace]:
 
 def test_a_correct_schedule_is_identical(reference: list[Trace]) -> None:
     report = compare_runs(reference, traces(FakeBackend(n_seq_max=4, n_batch=64), "cont", 4, 8), FAKE_EPSILON)
-    assert report.n_identical == len(ITEMS) and report.passed, report.describe()
+    assert report.n_identical == len(ITEMS) and report.passed and report.mostly_common, report.describe()
     assert all(len(t.margins) == len(t.tokens) == 12 for t in reference)
 
 
@@ -78,8 +78,8 @@ def test_near_ties_pass_and_clear_margins_or_failures_do_not() -> None:
     assert not short.passed and "generated 2 tokens" in short.errors[0]
 
 
-def test_mostly_divergent_runs_fail_even_at_near_ties() -> None:
+def test_early_divergences_at_near_ties_pass_but_leave_little_in_common() -> None:
     reference = [Trace((1, 2, 3, 4), (0.01, 1.0, 1.0, 1.0))] * 3
     early = [Trace((7, 2, 3, 4), (0.01, 1.0, 1.0, 1.0))] * 3
     report = compare_runs(reference, early, epsilon=0.5)
-    assert not report.flagged and report.common_fraction == 0 and not report.passed
+    assert report.passed and report.common_fraction == 0 and not report.mostly_common
