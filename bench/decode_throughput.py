@@ -14,8 +14,8 @@ import subprocess
 
 import numpy as np
 
+from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.sampling import SamplingParams
 from cobali.options import add_backend_args, build_backend, positive_int
 
 
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.ctx:
         args.ctx = args.max_slots * (args.prompt_tokens + args.gen_tokens + 8)
-    from cobali.model import embedded_model_path
+    from cobali.backends.embedded_model import embedded_model_path
 
     model = args.model or embedded_model_path()
     args.model = model

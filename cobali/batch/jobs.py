@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from cobali.batch.driver import Driver, Pending
+from cobali.backends.base import SamplingParams
+from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
 from cobali.engine.request import Request
-from cobali.engine.sampling import SamplingParams
-from cobali.runner import request_record
+from cobali.metrics import request_record
 
 OUTPUT_FIELDS = ("text", "finish_reason", "prompt_tokens", "output_tokens")
 JobId = str | int | float | bool | None

@@ -5,6 +5,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from cobali.model import embedded_model_path
+    from cobali.backends.embedded_model import embedded_model_path
 
     return embedded_model_path()

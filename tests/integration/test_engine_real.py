@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+from cobali.backends.base import SamplingParams
+from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.request import FinishReason
-from cobali.engine.sampling import SamplingParams
 
 PROMPTS = [
     "The capital of France is",
@@ -23,7 +24,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def backend(model_path: str):
-    backend = LlamaCppBackend(LlamaCppOptions(model_path, n_seq_max=4, n_batch=256))
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=4, n_batch=256))
     yield backend
     backend.close()
 

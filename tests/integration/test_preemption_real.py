@@ -10,10 +10,11 @@ common prefix for every request and exact equality for most.
 
 from __future__ import annotations
 
-from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+from cobali.backends.base import SamplingParams
+from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.request import FinishReason
-from cobali.engine.sampling import SamplingParams
 
 PROMPTS = [
     f"Story {i}: write a long and detailed story about a {animal} who travels to {place} to find a lost "
@@ -27,7 +28,7 @@ PARAMS = SamplingParams(max_tokens=128, ignore_eos=True)
 
 
 def run(model_path: str, n_ctx: int) -> tuple[list, int]:
-    backend = LlamaCppBackend(LlamaCppOptions(model_path, n_ctx=n_ctx, n_seq_max=8, n_batch=256, kv_unified=True))
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_ctx=n_ctx, n_seq_max=8, n_batch=256, kv_unified=True))
     try:
         engine = Engine(backend, EngineConfig(max_slots=8, n_batch=256, kv_admission="optimistic"))
         return engine.generate(PROMPTS, PARAMS), engine.scheduler.preemptions

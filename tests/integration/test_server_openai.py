@@ -23,7 +23,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from cobali.model import embedded_model_path
+from cobali.backends.embedded_model import embedded_model_path
 
 COBALI = str(Path(sys.executable).with_name("cobali"))
 PROMPT = "The capital of France is"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
-from cobali.batch.driver import Driver, Pending
 from cobali.batch.jobs import Job, Shard, finished_ids, pending_shards, read_jobs, run_shard
+from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.sampling import SamplingParams
 
 PROMPTS = [f"prompt {i}: " + "abcdefghij"[: 1 + i % 10] * (1 + i % 4) for i in range(12)]
 
