@@ -47,10 +47,15 @@ def _scenario(data: object, path: Path) -> list[WorkItem]:
 def _item(entry: object, path: Path, n: int) -> WorkItem:
     if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
         raise ValueError(f"{path} entry {n}: expected an object with a string 'prompt'")
+    return WorkItem(entry["prompt"], entry_max_tokens(entry, f"{path} entry {n}"))
+
+
+def entry_max_tokens(entry: dict, where: str) -> int | None:
+    """An input entry's optional max_tokens (None: the run's default); `where` names the entry in the error."""
     max_tokens = entry.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ValueError(f"{path} entry {n}: max_tokens must be a positive integer, got {max_tokens!r}")
-    return WorkItem(entry["prompt"], max_tokens)
+        raise ValueError(f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
+    return max_tokens
 
 
 # The repo's workloads/ folder; a bare scenario name resolves against it (then against ./workloads).

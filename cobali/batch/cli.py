@@ -16,7 +16,7 @@ from typing import IO
 
 from tqdm import tqdm
 
-from cobali.batch.jobs import Shard, pending_shards, read_jobs, run_shard
+from cobali.batch.jobs import Shard, drop_cut_line, pending_shards, read_jobs, run_shard
 from cobali.config import EngineSpec
 from cobali.options import add_engine_args, engine_spec, positive_int
 
@@ -56,6 +56,7 @@ def batch_command(args: argparse.Namespace, run_shards: ShardsRunner = run_shard
     print(f"cobali batch: {len(jobs)} prompts, {len(jobs) - todo} already in {args.output}, {todo} to run")
     if not todo:
         return 0
+    drop_cut_line(args.output)
     with open(args.output, "a", encoding="utf-8") as out, \
             tqdm(total=len(jobs), initial=len(jobs) - todo, unit="req", desc="batch") as bar:
         written = run_shards(spec, args.max_new, shards, out, bar.update)
