@@ -65,6 +65,8 @@ class ServerMetrics:
         self.running.set_function(lambda: len(scheduler.running))
         self.waiting.set_function(lambda: len(scheduler.waiting))
         n_ctx = engine.backend.info.n_ctx
+        # Cells the running requests fill; cached prefixes in free slots are reclaimable and not counted, so
+        # an idle server reads 0 (the KV accountant's blocks also count reservations and cached prefixes).
         self.kv_usage.set_function(lambda: sum(r.computed_tokens for r in list(scheduler.running)) / n_ctx)
 
     def _on_tick(self, record: TickRecord) -> None:
