@@ -17,7 +17,7 @@ import numpy as np
 
 from cobali.backends.base import Backend
 from cobali.config import build_backend
-from cobali.costs import DEFAULT_PROFILE, CostProfile, Measurement
+from cobali.costs import CostProfile, Measurement, user_profiles_dir
 from cobali.options import add_backend_args, backend_config, positive_int
 from cobali.workloads import load_items
 
@@ -126,7 +126,9 @@ def format_profile(profile: CostProfile) -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("calibrate", help="measure the backend and save a cost profile (JSON)")
     add_backend_args(parser)
-    parser.add_argument("--out", default=str(DEFAULT_PROFILE), help="where to write the profile")
+    parser.add_argument("--out", default=None,
+                        help="where to write the profile (default: calibrated.json in the user's cache, "
+                             "$COBALI_CACHE/profiles or ~/.cache/cobali/profiles; use it as --profile calibrated)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timings per point (the median is kept)")
     parser.add_argument("--text-sample", default="mixed_length",
                         help="prompts file or scenario whose text measures the tokenizer's characters per token")
@@ -145,6 +147,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     profile = CostProfile.fit(points, device=info.description, source="cobali calibrate",
                               chars_per_token=chars_per_token(backend, texts))
     print(format_profile(profile))
-    profile.save(args.out)
-    print(f"wrote {args.out}")
+    out = args.out or user_profiles_dir() / "calibrated.json"
+    profile.save(out)
+    print(f"wrote {out}")
     return 0

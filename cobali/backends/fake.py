@@ -14,6 +14,7 @@ import numpy as np
 from cobali.backends.base import BackendInfo, BatchArrays, DecodeError, SamplingParams
 
 EOG_TOKEN = 0
+DEFAULT_SEED = 0
 _FIRST_CHAR = 32  # token t >= 1 renders as chr(31 + t): printable ASCII
 
 
@@ -117,7 +118,8 @@ class FakeSampler:
     def __init__(self, backend: FakeBackend, params: SamplingParams) -> None:
         self.backend = backend
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        # Unseeded requests draw from a fixed seed too: a test run reproduces itself exactly.
+        self.rng = np.random.default_rng(DEFAULT_SEED if params.seed is None else params.seed)
         self.counts = np.zeros(backend.n_vocab, dtype=np.float32)
 
     def sample(self, row: int) -> int:

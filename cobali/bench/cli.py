@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cobali.bench import plots
+from cobali.bench import fidelity_cli, plots
 from cobali.bench.offline import BenchConfig, LoadOptions, parse_configs, run_configs, sweep_configs
 from cobali.bench.report import (
     add_speedups,
@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trace", default=None, help="write a Chrome Trace Event JSON (opens in Perfetto)")
     add_random_args(parser)
     parser.set_defaults(func=bench_command)
-    nested = parser.add_subparsers(dest="bench_command", metavar="{serve}")
+    nested = parser.add_subparsers(dest="bench_command", metavar="{serve,fidelity}")
     serve = nested.add_parser("serve", help="stream a workload against an OpenAI-compatible /v1/completions")
     serve.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     add_load_args(serve, prompts_required=True)
@@ -59,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="model name to send (default: the first one the server lists)")
     serve.add_argument("--api-key", default=None, help="sent as a Bearer token")
     serve.set_defaults(func=serve_command)
+    fidelity_cli.register(nested)
 
 
 def bench_configs(args: argparse.Namespace) -> list[BenchConfig]:

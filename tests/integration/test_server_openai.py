@@ -22,16 +22,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from cobali.backends.embedded_model import embedded_model_path
 from tests.unit.test_reliability import soak_module
 
 COBALI = str(Path(sys.executable).with_name("cobali"))
 PROMPT = "The capital of France is"
-
-try:
-    embedded_model_path()
-except ValueError as err:
-    pytest.skip(str(err), allow_module_level=True)
 
 
 @contextmanager
