@@ -11,7 +11,7 @@ import pytest
 
 
 def require_embedded_model() -> str:
-    from cobali.model import embedded_model_path
+    from cobali.backends.embedded_model import embedded_model_path
 
     try:
         return embedded_model_path()

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cobali.backends.base import BackendInfo, DecodeError
-from cobali.engine.sampling import SamplingParams
+from cobali.backends.base import BackendInfo, BatchArrays, DecodeError, SamplingParams
 
 EOG_TOKEN = 0
 DEFAULT_SEED = 0
@@ -47,6 +46,10 @@ class FakeBackend:
         )
         self.kv: dict[int, list[int]] = {s: [] for s in range(self.n_seq_max)}
         self.last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)
+        self._arrays = BatchArrays.zeros(self.n_batch)
+
+    def batch_arrays(self) -> BatchArrays:
+        return self._arrays
 
     def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
         call = len(self.batches)

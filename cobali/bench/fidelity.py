@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.engine.request import FinishReason
-from cobali.engine.sampling import SamplingParams
 from cobali.workloads import WorkItem
 
 # Largest reference margin (nats) at which a divergence still counts as noise. Measured on this project's

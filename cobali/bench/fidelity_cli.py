@@ -9,13 +9,20 @@ from pathlib import Path
 
 from cobali.backends.base import Backend
 from cobali.bench.fidelity import EPSILON, Trace, compare_runs, greedy_traces
-from cobali.bench.report import write_json
-from cobali.bench.workload import load_items
+from cobali.config import build_backend
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.options import add_engine_args, build_backend, engine_config, load_costs, positive_float, positive_int
-from cobali.workloads import WorkItem
+from cobali.engine.policies import MODES
+from cobali.metrics import write_json
+from cobali.options import (
+    add_engine_args,
+    backend_config,
+    engine_spec,
+    flags_record,
+    positive_float,
+    positive_int,
+)
+from cobali.workloads import WorkItem, load_items
 
-MODES = ("seq", "static", "cont")
 # The reference decodes a whole prompt at once: one sequence, a batch as large as its context.
 REFERENCE_BATCH = 2048
 
@@ -39,9 +46,10 @@ def register(nested: argparse._SubParsersAction) -> None:
 def fidelity_command(args: argparse.Namespace) -> int:
     items = with_system_prompt(load_items(args.prompts, args.num_prompts), args.system_prompt_file)
     reference = run_reference(args, items)
-    backend = build_backend(args)
+    spec = engine_spec(args, args.mode)
+    backend = build_backend(spec.backend)
     try:
-        engine = Engine(backend, engine_config(args, args.mode), costs=load_costs(args, backend))
+        engine = spec.build_engine(backend)
         candidate = greedy_traces(engine, items, args.max_new)
         stats = {"preemptions": engine.scheduler.preemptions, "prefix_hit_tokens": engine.slots.hit_tokens,
                  "ticks": len(engine.ticks), "backend": asdict(backend.info)}
@@ -53,8 +61,7 @@ def fidelity_command(args: argparse.Namespace) -> int:
           f"{stats['preemptions']} preemptions, {stats['prefix_hit_tokens']} prompt tokens from the prefix cache")
     print(report.describe())
     if args.out:
-        config = {k: v for k, v in vars(args).items() if k != "func"}
-        path = write_json(Path(args.out) / "fidelity.json", {"candidate": config, "candidate_stats": stats,
+        path = write_json(Path(args.out) / "fidelity.json", {"candidate": flags_record(args), "candidate_stats": stats,
                                                               **report.as_dict()})
         print(f"wrote {path}")
     return 0 if report.passed else 1
@@ -75,8 +82,7 @@ def with_system_prompt(items: list[WorkItem], path: str | None) -> list[WorkItem
 
 
 def run_reference(args: argparse.Namespace, items: list[WorkItem]) -> list[Trace]:
-    reference = argparse.Namespace(**{**vars(args), "max_slots": 1, "n_batch": REFERENCE_BATCH, "ctx": 0,
-                                      "kv_unified": False})
+    reference = replace(backend_config(args), n_seq_max=1, n_batch=REFERENCE_BATCH, n_ctx=0, kv_unified=False)
     backend: Backend = build_backend(reference)
     try:
         n_batch = backend.info.n_batch  # llama.cpp caps the batch at the context

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from cobali.backends.base import Backend
+from cobali.backends.base import Backend, SamplingParams
 from cobali.engine.budget import CostModel
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.request import Request
-from cobali.engine.sampling import SamplingParams
 from cobali.runner import RunResult, run_workload, user_cpu_seconds
 from cobali.workloads import WorkItem
 

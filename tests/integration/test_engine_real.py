@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+from cobali.backends.base import SamplingParams
+from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.bench.fidelity import Trace, compare_runs, greedy_traces
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.request import FinishReason
-from cobali.engine.sampling import SamplingParams
 from cobali.workloads import WorkItem
 
 PROMPTS = [
@@ -27,7 +28,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def backend(model_path: str):
-    backend = LlamaCppBackend(LlamaCppOptions(model_path, n_seq_max=4, n_batch=256))
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=4, n_batch=256))
     yield backend
     backend.close()
 

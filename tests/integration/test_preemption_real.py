@@ -10,7 +10,8 @@ must sit at a near-tie of the roomy run, and most tokens must be in common.
 
 from __future__ import annotations
 
-from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.bench.fidelity import Trace, compare_runs, greedy_traces
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.workloads import WorkItem
@@ -26,7 +27,7 @@ ITEMS = [
 
 
 def run(model_path: str, n_ctx: int) -> tuple[list[Trace], int]:
-    backend = LlamaCppBackend(LlamaCppOptions(model_path, n_ctx=n_ctx, n_seq_max=8, n_batch=256, kv_unified=True))
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_ctx=n_ctx, n_seq_max=8, n_batch=256, kv_unified=True))
     try:
         engine = Engine(backend, EngineConfig(max_slots=8, n_batch=256, kv_admission="optimistic"))
         return greedy_traces(engine, ITEMS, 128), engine.scheduler.preemptions

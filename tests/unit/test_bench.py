@@ -16,11 +16,10 @@ from cobali.backends.fake import FakeBackend
 from cobali.bench import cli as bench_cli
 from cobali.bench.offline import LoadOptions, parse_configs, run_open_loop, sweep_configs
 from cobali.bench.report import gaps_ms
-from cobali.bench.workload import arrival_offsets, inter_arrivals, random_items, resolve_prompts
 from cobali.costs import CostProfile
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.sim.backend import SimBackend
-from cobali.workloads import WorkItem
+from cobali.workloads import WorkItem, arrival_offsets, inter_arrivals, random_items, resolve_prompts
 
 PROMPTS = ["hello world", "the quick brown fox jumps over", "short", "a longer prompt with more characters",
            "abc", "zyxwvu"]
@@ -30,8 +29,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def run_cli(argv: list[str], built: list | None = None) -> str:
     """cobali.cli.main with the fake backend in place of llama.cpp; returns stdout."""
-    def fake_backend(args):
-        backend = FakeBackend(n_seq_max=args.max_slots, n_batch=args.n_batch)
+    def fake_backend(config):
+        backend = FakeBackend(n_seq_max=config.n_seq_max, n_batch=config.n_batch)
         if built is not None:
             built.append(backend)
         return backend
