@@ -10,7 +10,8 @@ declare -A CONFIGS=(
   [cont16-chunk256]="--max-slots 16 --prefill-chunk-tokens 256"
   [cont4-chunk32]="--max-slots 4 --prefill-chunk-tokens 32"
   [preempt]="--max-slots 16 --prefill-chunk-tokens 256 --kv-unified --kv-admission optimistic --ctx CTX"
-  [prefix-cache]="--max-slots 16 --prefill-chunk-tokens 256 --system-prompt-file workloads/system_prompt.txt"
+  # 8 slots: later requests find the system prompt in the KV of earlier ones (16 would start all of prompts_16 at once).
+  [prefix-cache]="--max-slots 8 --prefill-chunk-tokens 256 --system-prompt-file workloads/system_prompt.txt"
 )
 # The tiny context of the preemption run: room for the longest request alone, far less than all at once.
 declare -A TINY_CTX=([prompts_16]=1024 [mixed_length]=2048)
