@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cobali.bench.workload import load_items
+from cobali.backends.base import SamplingParams
 from cobali.engine.costfit import OnlineCostFit
 from cobali.engine.engine import TickRecord, tick_terms
-from cobali.engine.sampling import SamplingParams
-from cobali.options import add_engine_args, build_engine, non_negative_int, positive_int
+from cobali.options import add_engine_args, engine_spec, non_negative_int, positive_int
+from cobali.workloads import load_items
 
 RANGES = ((0, 16), (16, 32), (32, 64), (64, 128), (128, 256), (256, 512), (512, 1024), (1024, 4096))
 
@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--hog-at-tick", type=non_negative_int, default=None)
     parser.add_argument("--out", default=None, help="write ticks.csv and convergence.png here")
     args = parser.parse_args()
-    engine = build_engine(args)
+    engine = engine_spec(args).build_engine()
     hogs: list[multiprocessing.Process] = []
 
     def on_tick(record: TickRecord) -> None:

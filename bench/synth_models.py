@@ -16,8 +16,9 @@ import os
 import time
 from pathlib import Path
 
-from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
-from cobali.model import embedded_model_path
+from cobali.backends.embedded_model import embedded_model_path
+from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.synth import QUANT_TYPES, SHAPES, synth_model
 
 
@@ -30,7 +31,7 @@ def measure(name: str, quant: str, folder: Path) -> dict:
         row["write_s"] = time.perf_counter() - start
     row["size_mib"] = os.path.getsize(path) / 2**20
     start = time.perf_counter()
-    backend = LlamaCppBackend(LlamaCppOptions(str(path), n_ctx=512, n_seq_max=1, n_batch=64))
+    backend = LlamaCppBackend(LlamaCppConfig(str(path), n_ctx=512, n_seq_max=1, n_batch=64))
     row["load_s"] = time.perf_counter() - start
     row["description"] = backend.info.description
     backend.close()

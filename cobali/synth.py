@@ -241,7 +241,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def synth_command(args: argparse.Namespace) -> int:
-    from cobali.model import embedded_model_path
+    from cobali.backends.embedded_model import embedded_model_path
 
     shape = shape_from_args(args)
     start = time.perf_counter()

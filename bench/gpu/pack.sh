@@ -58,7 +58,7 @@ done
 
 "$PY" - "$BUNDLE/tokenizer.gguf" <<'PY'
 import sys
-from cobali.model import embedded_model_path
+from cobali.backends.embedded_model import embedded_model_path
 from cobali.synth import write_tokenizer
 write_tokenizer(embedded_model_path(), sys.argv[1])
 PY

@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.synth import SHAPES, synth_model
 
 N_DECODE = 256
@@ -21,7 +22,7 @@ def test_a_synthesized_model_decodes_with_finite_logits(tmp_path, model_path: st
     # A vocabulary beyond the embedded tokenizer's 49152: the tokenizer is padded to it.
     shape = replace(SHAPES["tiny"], arch=arch, n_vocab=50000)
     path = synth_model(shape, quant, str(tmp_path / f"tiny-{arch}.gguf"), model_path, seed=1)
-    backend = LlamaCppBackend(LlamaCppOptions(str(path), n_seq_max=1, n_batch=64))
+    backend = LlamaCppBackend(LlamaCppConfig(str(path), n_seq_max=1, n_batch=64))
     try:
         assert backend.info.n_vocab == 50000
         assert backend.info.description.startswith(f"{arch} ") and described in backend.info.description

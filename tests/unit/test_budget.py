@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from cobali.backends.base import SamplingParams
 from cobali.costs import CostProfile, Measurement
 from cobali.engine.budget import AdaptiveBudget
 from cobali.engine.costfit import OnlineCostFit
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.sampling import SamplingParams
 from cobali.sim.backend import SimBackend
 
 # 10 ms per tick, 2 ms per prefill token, 5 ms per decode row, 1 us per decode KV token.

@@ -1,0 +1,42 @@
+"""One engine's typed configuration, built once at the CLI edge and handed down (to Ray actors too)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from cobali.backends.base import Backend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.costs import CostProfile, load_profile
+from cobali.engine.engine import Engine, EngineConfig
+
+
+def build_backend(config: LlamaCppConfig) -> Backend:
+    from cobali.backends.llama_cpp import LlamaCppBackend  # llama.cpp loads only when a model does
+
+    return LlamaCppBackend(config)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The engine's config, its backend's, and the cost profile that seeds an ITL target's learned costs."""
+
+    engine: EngineConfig
+    backend: LlamaCppConfig
+    profile: str | None = None  # a path or a bundled profile's name; None: learn the tick costs from scratch
+
+    def load_costs(self, backend: Backend | None = None) -> CostProfile | None:
+        """The profile that seeds the tick costs an ITL target learns online; None without a target or a
+        profile (the engine then learns from scratch). A profile measured on another device or model still
+        runs, with a note: its first predictions are off until the engine has re-learned them."""
+        if self.engine.itl_target_ms <= 0 or self.profile is None:
+            return None
+        profile = load_profile(self.profile)
+        if backend is not None and profile.device != backend.info.description:
+            print(f"note: the cost profile is for '{profile.device}', not '{backend.info.description}'; "
+                  "the engine re-learns its tick costs over the first ticks", file=sys.stderr)
+        return profile
+
+    def build_engine(self, backend: Backend | None = None) -> Engine:
+        backend = backend or build_backend(self.backend)
+        return Engine(backend, self.engine, costs=self.load_costs(backend))
