@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from cobali.backends.base import SamplingParams
-from cobali.engine.costfit import OnlineCostFit
-from cobali.engine.engine import TickRecord, tick_terms
+from cobali.engine.costfit import OnlineCostFit, TickTerms
+from cobali.engine.engine import TickRecord
 from cobali.options import add_engine_args, engine_spec, non_negative_int, positive_int
 from cobali.workloads import load_items
 
@@ -37,7 +37,7 @@ def replay(ticks: list[TickRecord]) -> list[dict]:
     fit = OnlineCostFit()
     rows = []
     for i, tick in enumerate(ticks):
-        terms = tick_terms(tick.plan)
+        terms = TickTerms.of_plan(tick.plan)
         measured = tick.end - tick.start
         predicted = fit.predict(terms)
         rows.append({"tick": i, "prefill": terms.prefill_tokens, "decode": terms.decode_rows,

@@ -23,10 +23,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -212,11 +213,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def started_server(flags: list[str], startup_s: float = 120) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`cobali serve` on a free loopback port, until healthy; terminated (SIGTERM) on exit."""
+def started_process(command: Callable[[int], list[str]], startup_s: float = 120,
+                    log: IO | int = subprocess.DEVNULL) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The HTTP server `command(port)` starts on a free loopback port, until its /health answers 200;
+    terminated (SIGTERM) on exit."""
     port = free_port()
-    proc = subprocess.Popen([COBALI, "serve", "--host", "127.0.0.1", "--port", str(port), *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(command(port), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_s
@@ -229,6 +231,12 @@ def started_server(flags: list[str], startup_s: float = 120) -> Iterator[tuple[s
         if proc.poll() is None:
             proc.terminate()
             proc.wait(60)
+
+
+def started_server(flags: list[str], startup_s: float = 120) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """`cobali serve` with these flags, as started_process runs it."""
+    return started_process(lambda port: [COBALI, "serve", "--host", "127.0.0.1", "--port", str(port), *flags],
+                           startup_s)
 
 
 def _healthy(url: str) -> bool:

@@ -12,20 +12,19 @@ summary.json, summary.md and kit.png there.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+from soak import started_process  # noqa: E402  (a sibling script: one way to start a server and await it)
+
 TABLE2 = "seq,static,cont-split512,cont-split256,cont-split128"
 PAPER = "paper (RTX 4070, Qwen2.5-0.5B Q5_K_M): continuous batching with split prefill 6.24x over sequential"
 RATIO_KEYS = ("wall_s", "output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
@@ -92,34 +91,6 @@ def batched_bench(args: argparse.Namespace, model: Path, log: Path) -> list[dict
     return [{"batch": int(r[2]), "s_pp_tok_s": float(r[5]), "s_tg_tok_s": float(r[7])} for r in rows]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def server(cmd: list[str], port: int, log: Path, timeout: float = 300) -> Iterator[str]:
-    print("$", " ".join(cmd), flush=True)
-    with log.open("a") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"server did not come up: {' '.join(cmd)} (see {log})") from None
-                time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
 def serve_bench(args: argparse.Namespace, url: str, name: str, out: Path, log: Path) -> dict:
     folder = out / f"serve_{name}"
     limit = ["--num-prompts", str(args.serve_prompts)] if args.serve_prompts else []
@@ -130,19 +101,19 @@ def serve_bench(args: argparse.Namespace, url: str, name: str, out: Path, log: P
 
 def peers(args: argparse.Namespace, model: Path, out: Path, log: Path) -> dict:
     """cobali serve and llama-server -np N, each alone on the device, driven by the same client."""
+    servers = {"cobali": [*cobali("serve", *engine_flags(args, model), "--n-gpu-layers", str(args.n_gpu_layers)),
+                          "--port"]}
+    tool = Path(args.bin or ".") / "llama-server"
+    if args.bin and tool.exists():
+        servers["llama-server"] = [str(tool), "-m", str(model), "-np", str(args.slots), "-c", str(args.slots * 2048),
+                                   "-t", str(args.threads or os.cpu_count()), "-b", "512", "-ub", "512",
+                                   "-ngl", str(args.n_gpu_layers), "--host", "127.0.0.1", "--port"]
     results = {}
-    port = free_port()
-    ours = cobali("serve", *engine_flags(args, model), "--port", str(port), "--n-gpu-layers", str(args.n_gpu_layers))
-    with server(ours, port, out / "cobali-serve.log") as url:
-        results["cobali"] = serve_bench(args, url, "cobali", out, log)
-    tool = Path(args.bin) / "llama-server" if args.bin else None
-    if tool is not None and tool.exists():
-        port = free_port()
-        theirs = [str(tool), "-m", str(model), "-np", str(args.slots), "-c", str(args.slots * 2048),
-                  "-t", str(args.threads or os.cpu_count()), "-b", "512", "-ub", "512", "-ngl", str(args.n_gpu_layers),
-                  "--host", "127.0.0.1", "--port", str(port)]
-        with server(theirs, port, out / "llama-server.log") as url:
-            results["llama-server"] = serve_bench(args, url, "llama-server", out, log)
+    for name, cmd in servers.items():
+        with (out / f"{name}-serve.log").open("w") as server_log, \
+                started_process(lambda port, cmd=cmd: [*cmd, str(port)], 300, server_log) as (url, _):
+            results[name] = serve_bench(args, url, name, out, log)
+    if "llama-server" in results:
         results["ratio"] = {k: results["cobali"][k] / results["llama-server"][k] for k in RATIO_KEYS
                             if results["cobali"].get(k) and results["llama-server"].get(k)}
     return results

@@ -23,6 +23,8 @@ from typing import Protocol
 
 import numpy as np
 
+from cobali.engine.plan import ChunkKind, Plan
+
 # Features are divided by typical sizes so that one prior variance suits all five coefficients.
 _SCALE = np.array([1.0, 256.0, 16.0, 8192.0, 256.0 * 1024.0])
 
@@ -35,6 +37,14 @@ class TickTerms:
     decode_rows: int
     decode_kv_tokens: int
     prefill_kv_tokens: int = 0
+
+    @classmethod
+    def of_plan(cls, plan: Plan) -> TickTerms:
+        """A decode row at position p reads p KV tokens; a prefill chunk of n tokens starting at p reads
+        n * p beyond itself."""
+        decodes = [c for c in plan.chunks if c.kind is ChunkKind.DECODE]
+        prefill_kv = sum(c.n_tokens * c.start for c in plan.chunks if c.kind is ChunkKind.PREFILL)
+        return cls(plan.n_prefill_tokens, len(decodes), sum(c.start for c in decodes), prefill_kv)
 
     def vector(self) -> np.ndarray:
         x = (1.0, self.prefill_tokens, self.decode_rows, self.decode_kv_tokens, self.prefill_kv_tokens)

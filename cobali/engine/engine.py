@@ -15,7 +15,7 @@ from cobali.engine.budget import tick_budget
 from cobali.engine.costfit import CostCoefficients, TickTerms
 from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
-from cobali.engine.plan import ChunkKind, ClearSlot, CopyPrefix, KvOp, Plan, TrimSlot
+from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, Plan, TrimSlot
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
@@ -71,14 +71,6 @@ class TickRecord:
     @property
     def host_s(self) -> float:
         return (self.end - self.start) - self.decode_s
-
-
-def tick_terms(plan: Plan) -> TickTerms:
-    """The plan in the cost model's terms: a decode row at position p reads p KV tokens, a prefill chunk
-    of n tokens starting at p reads n * p beyond itself."""
-    decodes = [c for c in plan.chunks if c.kind is ChunkKind.DECODE]
-    prefill_kv = sum(c.n_tokens * c.start for c in plan.chunks if c.kind is ChunkKind.PREFILL)
-    return TickTerms(plan.n_prefill_tokens, len(decodes), sum(c.start for c in decodes), prefill_kv)
 
 
 class Engine:
@@ -179,7 +171,7 @@ class Engine:
         record = TickRecord(plan, start, decode_start, decode_end, self.clock(),
                             n_running=n_running, n_waiting=n_waiting)
         if decoded:  # the whole tick, host work included, is what a client sees between two tokens
-            self.scheduler.budget.observe(tick_terms(plan), record.end - record.start)
+            self.scheduler.budget.observe(TickTerms.of_plan(plan), record.end - record.start)
         if self.config.record_ticks:
             self.ticks.append(record)
         if self.on_tick is not None:
