@@ -93,6 +93,17 @@ def test_it_adapts_when_the_cost_doubles() -> None:
     assert held_out_error(fit, costs) < 0.02
 
 
+def test_it_follows_a_slow_drift_without_losing_confidence() -> None:
+    """Costs creeping up 50 % over 300 ticks never look like a change, so only forgetting follows them."""
+    costs = ScaledCosts(TRUTH)
+    fit = OnlineCostFit()
+    for i, terms in enumerate(random_ticks(400, seed=6)):
+        costs.factor = 1.0 + 0.5 * min(max(i - 100, 0) / 300, 1.0)
+        fit.observe(terms, seconds(costs, terms))
+        assert fit.confident or i < 100
+    assert held_out_error(fit, costs) < 0.1  # without forgetting: 25 %
+
+
 def test_a_seeded_fit_is_confident_at_once_and_unlearns_a_wrong_seed() -> None:
     fit = OnlineCostFit(seed=TRUTH)
     assert fit.confident
