@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from cobali.engine.budget import AdaptiveBudget
+from cobali.engine.costfit import OnlineCostFit
 from cobali.engine.engine import Engine, TickRecord
 from cobali.engine.request import FinishReason, Request
 from cobali.engine.scheduler import Scheduler
@@ -32,6 +34,8 @@ class ServerMetrics:
         self.registry = registry = CollectorRegistry()
         self._scheduler: Scheduler | None = None
         self._preemptions_seen = 0
+        self._costs: OnlineCostFit | None = None
+        self._costs_confident = False
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(f"cobali:{name}", doc, registry=registry)
@@ -68,6 +72,13 @@ class ServerMetrics:
         # Cells the running requests fill; cached prefixes in free slots are reclaimable and not counted, so
         # an idle server reads 0 (the KV accountant's blocks also count reservations and cached prefixes).
         self.kv_usage.set_function(lambda: sum(r.computed_tokens for r in list(scheduler.running)) / n_ctx)
+        if isinstance(scheduler.budget, AdaptiveBudget):  # an ITL target: the tick costs it learns
+            self._costs = costs = scheduler.budget.costs
+            Gauge("cobali:tick_cost_error", "Recent mean relative error of the learned tick costs' predictions.",
+                  registry=self.registry).set_function(lambda: costs.error)
+            Gauge("cobali:tick_cost_confident", "1 while the ITL budget sizes prefill from the learned tick costs, "
+                  "0 while it holds the minimum chunk.", registry=self.registry).set_function(
+                      lambda: float(costs.confident))
 
     def _on_tick(self, record: TickRecord) -> None:
         self.iteration_tokens.observe(record.plan.n_tokens)
@@ -76,6 +87,9 @@ class ServerMetrics:
             total = self._scheduler.preemptions
             self.preemptions.inc(total - self._preemptions_seen)
             self._preemptions_seen = total
+        if self._costs is not None and self._costs.confident != self._costs_confident:
+            self._costs_confident = self._costs.confident  # logged as it changes: learned, or costs moved
+            log.info("tick costs: %s", self._costs.describe())
 
     def request_finished(self, request: Request) -> None:
         """Called on the engine thread as a request ends."""

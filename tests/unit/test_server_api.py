@@ -18,9 +18,9 @@ from cobali.server.app import create_app
 N_CTX_SEQ = 256
 
 
-def fake_engine(backend: FakeBackend | None = None) -> Callable[[], Engine]:
+def fake_engine(backend: FakeBackend | None = None, **config) -> Callable[[], Engine]:
     return lambda: Engine(backend or FakeBackend(n_seq_max=4, n_ctx_seq=N_CTX_SEQ, n_batch=64),
-                          EngineConfig(max_slots=4, n_batch=64))
+                          EngineConfig(max_slots=4, n_batch=64, **config))
 
 
 def wait_healthy(client: TestClient) -> None:
@@ -218,6 +218,14 @@ def test_models_slots_and_metrics(api: TestClient) -> None:
                  "num_preemptions_total", "e2e_request_latency_seconds_bucket",
                  "request_queue_time_seconds_sum", "iteration_tokens_bucket", "iteration_requests_count"):
         assert f"cobali:{name}" in text
+    assert "tick_cost" not in text  # no ITL target: nothing learned
+
+
+def test_metrics_show_the_learned_tick_costs_under_an_itl_target() -> None:
+    with TestClient(create_app(fake_engine(itl_target_ms=250), "m")) as client:
+        wait_healthy(client)
+        assert "cobali:tick_cost_confident 0.0" in client.get("/metrics").text
+        assert "cobali:tick_cost_error 0.0" in client.get("/metrics").text
 
 
 def test_api_key_is_required_on_the_api_but_not_on_probes() -> None:
