@@ -8,7 +8,7 @@ so prefill takes the whole n_batch; with a long decode set it still gets min_chu
 
 The costs are learned online (engine/costfit.py) from every tick the engine times, seeded by a profile
 when one is given. Until the fit is confident, a tick that decodes gets only min_chunk prefill tokens:
-a conservative fixed budget that cannot blow the ITL target on any hardware.
+the smallest chunk that runs at full speed, a conservative fixed budget on any hardware.
 """
 
 from __future__ import annotations
