@@ -208,6 +208,40 @@ def synth_model(shape: ModelShape, quant: str, out: str, tokenizer_source: str, 
     return out_path
 
 
+@dataclass(frozen=True)
+class DecodeCheck:
+    description: str
+    n_vocab: int
+    n_tokens: int
+    non_finite: int  # steps whose logits held a NaN or an inf
+    min_std: float  # the smallest spread of one step's logits: 0 would mean the weights never reach them
+    tok_s: float
+
+
+def check_decode(path: str, n_tokens: int, n_threads: int = 0) -> DecodeCheck:
+    """Greedy-decode n_tokens one at a time after a short prompt, watching every step's logits."""
+    from cobali.backends.llama_cpp import LlamaCppBackend
+    from cobali.backends.llama_cpp_config import LlamaCppConfig
+
+    backend = LlamaCppBackend(LlamaCppConfig(path, n_ctx=n_tokens + 64, n_seq_max=1, n_batch=64, n_threads=n_threads))
+    try:
+        tokens = np.array(backend.tokenize("The capital of France is"), np.int32)
+        n = len(tokens)
+        last_row = np.eye(1, n, n - 1, dtype=np.int8)[0]
+        logits = backend.decode(tokens, np.arange(n, dtype=np.int32), np.zeros(n, np.int32), last_row)
+        non_finite, spreads, start = 0, [], time.perf_counter()
+        for pos in range(n, n + n_tokens):
+            row = logits[-1]
+            non_finite += int(not np.isfinite(row).all())
+            spreads.append(float(row.std()))
+            logits = backend.decode(np.array([np.argmax(row)], np.int32), np.array([pos], np.int32),
+                                    np.zeros(1, np.int32), np.ones(1, np.int8))
+        return DecodeCheck(backend.info.description, backend.info.n_vocab, n_tokens, non_finite, min(spreads),
+                           n_tokens / (time.perf_counter() - start))
+    finally:
+        backend.close()
+
+
 def shape_from_args(args: argparse.Namespace) -> ModelShape:
     dims = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab")}
     if args.like is None:
@@ -236,7 +270,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokenizer", default=None,
                         help="GGUF whose tokenizer is copied (default: the embedded SmolLM2 model)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0, help="quantizer threads (0 = all cores)")
+    parser.add_argument("--threads", type=int, default=0, help="quantizer and --check threads (0 = all cores)")
+    parser.add_argument("--check", type=positive_int, default=None, metavar="N",
+                        help="then greedy-decode N tokens and fail unless every step's logits are finite")
     parser.set_defaults(func=synth_command)
 
 
@@ -252,4 +288,9 @@ def synth_command(args: argparse.Namespace) -> int:
     size = os.path.getsize(path)
     print(f"wrote {path}: {shape.arch}, {shape.n_params / 1e9:.3f} B params, {args.quant}, "
           f"{size / 2**20:.1f} MiB in {time.perf_counter() - start:.1f} s")
+    if args.check:
+        check = check_decode(str(path), args.check, args.threads)
+        print(f"check: {check.description}: {check.n_tokens} greedy tokens at {check.tok_s:.2f} tok/s, "
+              f"{check.non_finite} with non-finite logits, smallest logit std {check.min_std:.3f}")
+        return 1 if check.non_finite or check.min_std == 0 else 0
     return 0

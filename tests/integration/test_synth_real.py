@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
-from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
-from cobali.synth import SHAPES, synth_model
-
-N_DECODE = 256
+from cobali import cli
+from cobali.synth import SHAPES, check_decode, synth_model
 
 
 @pytest.mark.parametrize(("arch", "quant", "described"),
@@ -22,22 +18,14 @@ def test_a_synthesized_model_decodes_with_finite_logits(tmp_path, model_path: st
     # A vocabulary beyond the embedded tokenizer's 49152: the tokenizer is padded to it.
     shape = replace(SHAPES["tiny"], arch=arch, n_vocab=50000)
     path = synth_model(shape, quant, str(tmp_path / f"tiny-{arch}.gguf"), model_path, seed=1)
-    backend = LlamaCppBackend(LlamaCppConfig(str(path), n_seq_max=1, n_batch=64))
-    try:
-        assert backend.info.n_vocab == 50000
-        assert backend.info.description.startswith(f"{arch} ") and described in backend.info.description
-        prompt = backend.tokenize("The capital of France is")
-        logits = backend.decode(np.array(prompt, np.int32), np.arange(len(prompt), dtype=np.int32),
-                                np.zeros(len(prompt), np.int32), np.eye(1, len(prompt), len(prompt) - 1, np.int8)[0])
-        bad, spread = 0, []
-        for pos in range(len(prompt), len(prompt) + N_DECODE):
-            row = logits[-1]
-            bad += int(not np.isfinite(row).all())
-            spread.append(float(row.std()))
-            token = int(np.argmax(row))
-            logits = backend.decode(np.array([token], np.int32), np.array([pos], np.int32), np.zeros(1, np.int32),
-                                    np.ones(1, np.int8))
-        assert bad == 0
-        assert min(spread) > 0  # not a constant: the random weights reach the logits
-    finally:
-        backend.close()
+    check = check_decode(str(path), 256)
+    assert check.n_vocab == 50000
+    assert check.description.startswith(f"{arch} ") and described in check.description
+    assert check.non_finite == 0
+    assert check.min_std > 0  # not a constant: the random weights reach the logits
+
+
+def test_synth_model_checks_what_it_wrote(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tiny.gguf"
+    assert cli.main(["synth-model", "--like", "tiny", "--quant", "Q8_0", "--out", str(out), "--check", "8"]) == 0
+    assert "8 greedy tokens" in capsys.readouterr().out and out.stat().st_size > 0
