@@ -41,6 +41,15 @@ class BackendInfo:
     prefill_tile: int = 1
 
 
+@dataclass(frozen=True)
+class TemplateSource:
+    """A model's chat template: its Jinja text (None: the model has none) and the special tokens it prints."""
+
+    text: str | None
+    bos_token: str = ""
+    eos_token: str = ""
+
+
 class TokenSampler(Protocol):
     """Per-request sampling state (penalties history, RNG, grammar)."""
 
@@ -76,7 +85,11 @@ class Backend(Protocol):
 
     def token_bytes(self, token: int) -> bytes: ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """The prompt by the backend's own template matcher (no tools); ValueError if it has none."""
+        ...
+
+    def chat_template_source(self) -> TemplateSource: ...
 
     def new_sampler(self, params: SamplingParams) -> TokenSampler: ...
 

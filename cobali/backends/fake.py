@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cobali.backends.base import BackendInfo, DecodeError
+from cobali.backends.base import BackendInfo, DecodeError, TemplateSource
 from cobali.engine.sampling import SamplingParams
 
 EOG_TOKEN = 0
@@ -101,6 +101,9 @@ class FakeBackend:
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
+    def chat_template_source(self) -> TemplateSource:
+        return TemplateSource(None)  # the fallback above
+
     def new_sampler(self, params: SamplingParams) -> FakeSampler:
         return FakeSampler(self, params)
 
@@ -121,6 +124,8 @@ class FakeSampler:
         p = self.params
         out_row = sum(self.backend.batches[-1].want_logits[:row])
         logits = self.backend.last_logits[out_row].copy()
+        for token, bias in p.logit_bias:
+            logits[token] += bias
         seen = self.counts > 0
         with np.errstate(all="ignore"):
             logits[seen] = np.where(logits[seen] > 0, logits[seen] / p.repetition_penalty,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import llama_cpp as ll
 import numpy as np
 
-from cobali.backends.base import LLAMA_CPP_PREFILL_TILE, BackendInfo, DecodeError
+from cobali.backends.base import LLAMA_CPP_PREFILL_TILE, BackendInfo, DecodeError, TemplateSource
 from cobali.engine.sampling import SamplingParams
 
 _DECODE_ERRORS = {1: "no KV slot for the batch (KV cache full)", 2: "decode aborted"}
@@ -166,6 +166,19 @@ class LlamaCppBackend:
             n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, n)
         return buf.raw[:n].decode("utf-8", errors="replace")
 
+    def chat_template_source(self) -> TemplateSource:
+        text = ll.llama_model_chat_template(self.model, None)
+        return TemplateSource(text.decode("utf-8", errors="replace") if text else None,
+                              self._special_text(ll.llama_vocab_bos(self.vocab)),
+                              self._special_text(ll.llama_vocab_eos(self.vocab)))
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:  # LLAMA_TOKEN_NULL: the model has no such token
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:max(n, 0)].decode("utf-8", errors="replace")
+
     # ---- sampling ---------------------------------------------------------------------------------
 
     def new_sampler(self, params: SamplingParams) -> LlamaCppSampler:
@@ -230,6 +243,9 @@ class LlamaCppSampler:
                 self.close()
                 raise ValueError("invalid grammar")
             add(grammar)
+        if params.logit_bias:
+            biases = (ll.llama_logit_bias * len(params.logit_bias))(*params.logit_bias)
+            add(ll.llama_sampler_init_logit_bias(backend.info.n_vocab, len(params.logit_bias), biases))
         if (params.repetition_penalty, params.frequency_penalty, params.presence_penalty) != (1.0, 0.0, 0.0):
             add(ll.llama_sampler_init_penalties(backend.info.n_vocab, 64, params.repetition_penalty,
                                                 params.frequency_penalty, params.presence_penalty))

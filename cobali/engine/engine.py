@@ -197,8 +197,8 @@ class Engine:
             self._tokens[row:end] = request.tokens_to_feed(chunk.n_tokens)
             self._positions[row:end] = np.arange(chunk.start, chunk.end, dtype=np.int32)
             self._seq_ids[row:end] = chunk.slot
-            self._want[row:end] = 0
-            self._want[end - 1] = chunk.samples
+            self._want[row:end] = _wants_prompt_logits(request, chunk.start)
+            self._want[end - 1] |= chunk.samples
             row = end
         return row
 
@@ -214,13 +214,18 @@ class Engine:
             self._finish(self.requests[request_id], FinishReason.ERROR, now, f"decode failed: {err}")
 
     def _sample_plan(self, plan: Plan, logits: np.ndarray, now: float) -> None:
-        picks, row = [], 0
+        picks, row, out = [], 0, 0  # out: rows of `logits` used so far
         for chunk in plan.rows:
             request = self.requests[chunk.request_id]
             request.prefill_cursor += chunk.n_tokens
             row += chunk.n_tokens
+            if _wants_prompt_logits(request, chunk.start):
+                _record_prompt_logprobs(request, chunk.start, logits[out:out + chunk.n_tokens])
+                out += chunk.n_tokens
+            elif chunk.samples:
+                out += 1
             if chunk.samples:
-                picks.append((request.id, request.params, row - 1, len(picks)))
+                picks.append((request.id, request.params, row - 1, out - 1))
         tokens, failures = self.sampler.sample(logits, picks)
         for (request_id, params, _, out_row), token in zip(picks, tokens, strict=True):
             request = self.requests[request_id]
@@ -310,3 +315,18 @@ class Engine:
                 if delta := deltas.popleft():
                     yield delta
         yield from (d for d in deltas if d)
+
+
+def _wants_prompt_logits(request: Request, start: int) -> bool:
+    """A chunk starting at `start` needs logits on every row: its request asked for prompt logprobs and the
+    chunk holds prompt tokens (the scheduler never reuses a cached prefix for such a request)."""
+    return request.params.prompt_logprobs is not None and start < len(request.prompt_tokens)
+
+
+def _record_prompt_logprobs(request: Request, start: int, logits: np.ndarray) -> None:
+    """Row i predicts the token at start+i+1. After a preemption the prompt is computed again: each
+    position is recorded once."""
+    prompt, k = request.prompt_tokens, request.params.prompt_logprobs
+    for i, position in enumerate(range(start + 1, min(start + 1 + len(logits), len(prompt)))):
+        if len(request.prompt_logprobs) == position - 1:
+            request.prompt_logprobs.append(token_logprob(logits[i], prompt[position], k))

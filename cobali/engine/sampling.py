@@ -31,6 +31,8 @@ class SamplingParams:
     ignore_eos: bool = False
     grammar: str | None = None
     logprobs: int | None = None  # report each sampled token's logprob and this many top alternatives
+    prompt_logprobs: int | None = None  # also each prompt token's logprob (after the first), with alternatives
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit before sampling)
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -46,6 +48,9 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+               f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        _check(all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite")
 
     @property
     def is_greedy(self) -> bool:
@@ -56,6 +61,7 @@ class SamplingParams:
             and self.presence_penalty == 0.0
             and self.frequency_penalty == 0.0
             and self.grammar is None
+            and not self.logit_bias
         )
 
 

@@ -279,7 +279,9 @@ class TickBuilder:
         if s.slots.prefix_cache:
             sources = {r.slot: np.asarray(r.all_tokens[: r.prefill_cursor], dtype=np.int32)
                        for r in s.running if r.slot is not None and r.id not in self.admitted}
-        assignment = s.slots.assign(request.all_tokens, sources)
+        # Prompt logprobs need logits at every prompt position: no cached prefix may skip them.
+        reusable = request.all_tokens if request.params.prompt_logprobs is None else None
+        assignment = s.slots.assign(reusable, sources)
         request.slot = assignment.slot
         request.prefill_cursor = assignment.reused_tokens
         s.accountant.hold(assignment.slot, need)

@@ -15,3 +15,4 @@ class ServerContext:
     model_name: str
     api_key: str | None = None
     created: int = 0  # unix time the server started, for /v1/models
+    chat_template: str | None = None  # --chat-template: Jinja text used instead of the model's own
