@@ -48,6 +48,7 @@ class TemplateSource:
     text: str | None
     bos_token: str = ""
     eos_token: str = ""
+    adds_bos: bool = False  # the tokenizer puts the BOS in front by itself
 
 
 class TokenSampler(Protocol):

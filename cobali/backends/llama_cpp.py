@@ -170,7 +170,8 @@ class LlamaCppBackend:
         text = ll.llama_model_chat_template(self.model, None)
         return TemplateSource(text.decode("utf-8", errors="replace") if text else None,
                               self._special_text(ll.llama_vocab_bos(self.vocab)),
-                              self._special_text(ll.llama_vocab_eos(self.vocab)))
+                              self._special_text(ll.llama_vocab_eos(self.vocab)),
+                              bool(ll.llama_vocab_get_add_bos(self.vocab)))
 
     def _special_text(self, token: int) -> str:
         if token < 0:  # LLAMA_TOKEN_NULL: the model has no such token

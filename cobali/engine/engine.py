@@ -15,6 +15,7 @@ from cobali.engine.budget import CostModel, tick_budget
 from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
+from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
 from cobali.engine.sampling import RowSampler, SamplingParams, token_logprob
@@ -197,7 +198,7 @@ class Engine:
             self._tokens[row:end] = request.tokens_to_feed(chunk.n_tokens)
             self._positions[row:end] = np.arange(chunk.start, chunk.end, dtype=np.int32)
             self._seq_ids[row:end] = chunk.slot
-            self._want[row:end] = _wants_prompt_logits(request, chunk.start)
+            self._want[row:end] = wants_prompt_logits(request, chunk.start)
             self._want[end - 1] |= chunk.samples
             row = end
         return row
@@ -219,8 +220,8 @@ class Engine:
             request = self.requests[chunk.request_id]
             request.prefill_cursor += chunk.n_tokens
             row += chunk.n_tokens
-            if _wants_prompt_logits(request, chunk.start):
-                _record_prompt_logprobs(request, chunk.start, logits[out:out + chunk.n_tokens])
+            if wants_prompt_logits(request, chunk.start):
+                record_prompt_logprobs(request, chunk.start, logits[out:out + chunk.n_tokens])
                 out += chunk.n_tokens
             elif chunk.samples:
                 out += 1
@@ -316,17 +317,3 @@ class Engine:
                     yield delta
         yield from (d for d in deltas if d)
 
-
-def _wants_prompt_logits(request: Request, start: int) -> bool:
-    """A chunk starting at `start` needs logits on every row: its request asked for prompt logprobs and the
-    chunk holds prompt tokens (the scheduler never reuses a cached prefix for such a request)."""
-    return request.params.prompt_logprobs is not None and start < len(request.prompt_tokens)
-
-
-def _record_prompt_logprobs(request: Request, start: int, logits: np.ndarray) -> None:
-    """Row i predicts the token at start+i+1. After a preemption the prompt is computed again: each
-    position is recorded once."""
-    prompt, k = request.prompt_tokens, request.params.prompt_logprobs
-    for i, position in enumerate(range(start + 1, min(start + 1 + len(logits), len(prompt)))):
-        if len(request.prompt_logprobs) == position - 1:
-            request.prompt_logprobs.append(token_logprob(logits[i], prompt[position], k))

@@ -48,7 +48,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 
 class JinjaChatTemplate:
-    def __init__(self, text: str, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(self, text: str, bos_token: str = "", eos_token: str = "", adds_bos: bool = False) -> None:
         """Raises ValueError if the template does not compile."""
         try:
             self.template = _environment().from_string(text)
@@ -56,6 +56,7 @@ class JinjaChatTemplate:
             raise ValueError(f"the chat template does not compile: {err.message} (line {err.lineno})") from None
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.adds_bos = adds_bos
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt, ending where the assistant's reply starts. ValueError when the template refuses the
@@ -67,9 +68,8 @@ class JinjaChatTemplate:
             raise ValueError(f"the chat template refused the messages: {err}") from None
         except (TypeError, KeyError, AttributeError, IndexError) as err:
             raise ValueError(f"the chat template failed on the messages: {type(err).__name__}: {err}") from None
-        # The tokenizer adds the BOS itself where the model wants one: printed by the template too, it would
-        # be there twice.
-        if self.bos_token and text.startswith(self.bos_token):
+        # A tokenizer that adds the BOS itself would put it there twice.
+        if self.adds_bos and self.bos_token and text.startswith(self.bos_token):
             text = text[len(self.bos_token):]
         return text
 
@@ -82,7 +82,7 @@ class ChatPrompter:
         self.jinja: JinjaChatTemplate | None = None
         if source.text:
             try:
-                self.jinja = JinjaChatTemplate(source.text, source.bos_token, source.eos_token)
+                self.jinja = JinjaChatTemplate(source.text, source.bos_token, source.eos_token, source.adds_bos)
             except ValueError as err:
                 log.warning("%s; falling back to llama.cpp's built-in templates", err)
 

@@ -30,6 +30,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _template_file(path: str) -> str:
+    """The file's text: read here, so every replica gets the text itself, not a path it may not see."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise argparse.ArgumentTypeError(f"cannot read the chat template {path!r}: {err}") from None
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     add_engine_args(parser, itl_target_ms=DEFAULT_ITL_TARGET_MS)
@@ -41,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1 and /slots")
     parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body; beyond it requests get HTTP 413")
+    parser.add_argument("--chat-template", type=_template_file, default=None, metavar="FILE",
+                        help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
     parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
     parser.add_argument("--shutdown-grace", type=_seconds, default=30.0,
                         help="on SIGTERM, seconds in-flight requests get to finish before they are aborted")

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from cobali.model import embedded_model_path
 from cobali.options import build_engine, engine_config
 from cobali.server.app import create_app
+from cobali.server.chat_template import JinjaChatTemplate
 from cobali.server.engine_thread import EngineThread
 
 log = logging.getLogger("cobali.server")
@@ -41,7 +42,10 @@ def configure_logging() -> None:
 def build_app(args: argparse.Namespace) -> FastAPI:
     """The server's app from its flags; each Ray Serve replica hosts one too (cobali.ray.serve)."""
     model_name = args.served_model_name or Path(args.model or embedded_model_path()).stem
-    return create_app(lambda: build_engine(args), model_name, args.max_queue, args.api_key, args.max_body_bytes)
+    if args.chat_template is not None:
+        JinjaChatTemplate(args.chat_template)  # a template that does not compile fails here, not per request
+    return create_app(lambda: build_engine(args), model_name, args.max_queue, args.api_key, args.max_body_bytes,
+                      args.chat_template)
 
 
 def serve(args: argparse.Namespace) -> int:

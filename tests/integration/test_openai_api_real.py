@@ -3,13 +3,20 @@ the official `openai` client against `cobali serve` on the embedded model."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
+import jsonschema
 import pytest
 from openai import OpenAI
 
+import cobali
 from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+from cobali.server.chat_template import JinjaChatTemplate
 from tests.integration.test_server_openai import PROMPT, running_server
+
+TOOLS_TEMPLATE = Path(cobali.__file__).parent / "templates" / "chatml_tools.jinja"
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +51,67 @@ def test_logit_bias_reaches_llama_cpp_sampling(client: OpenAI, model_path: str) 
     text = client.completions.create(model="smol", prompt=PROMPT, max_tokens=3, temperature=0.7, seed=1,
                                      logit_bias={str(token): 100}, extra_body={"ignore_eos": True}).choices[0].text
     assert text == "HelloHelloHello"
+
+
+def test_the_models_jinja_template_matches_llama_cpps_matcher(model_path: str) -> None:
+    """Before Jinja, chat prompts came from llama.cpp's built-in matcher: a plain conversation must tokenize
+    the same, token for token. Without a system message the two differ by design: SmolLM2's own template
+    adds its default system turn, which the matcher (ChatML in general) does not know."""
+    backend = LlamaCppBackend(LlamaCppOptions(model_path, n_ctx=64, n_seq_max=1, n_threads=1))
+    try:
+        source = backend.chat_template_source()
+        template = JinjaChatTemplate(source.text, source.bos_token, source.eos_token, source.adds_bos)
+        conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                        {"role": "assistant", "content": "Hello! How can I help?"},
+                        {"role": "user", "content": "Name a colour."}]
+        matcher = backend.apply_chat_template(conversation)
+        assert backend.tokenize(template.render(conversation)) == backend.tokenize(matcher)
+        default_system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        jinja = template.render(conversation[1:])
+        assert jinja.startswith(default_system)
+        assert backend.tokenize(jinja) == backend.tokenize(default_system + "<|im_end|>\n"
+                                                           + backend.apply_chat_template(conversation[1:]))
+    finally:
+        backend.close()
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city", "days"]}}}
+BOOK = {"type": "function", "function": {
+    "name": "book_table", "parameters": {"type": "object", "properties": {
+        "people": {"type": "integer"}, "vegetarian": {"type": "boolean"}}}}}
+
+
+@pytest.fixture(scope="module")
+def tool_client() -> Iterator[OpenAI]:
+    with running_server("--max-slots", "2", "--served-model-name", "smol", "--chat-template",
+                        str(TOOLS_TEMPLATE)) as (base, _proc):
+        yield OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "book_table"}}])
+def test_a_forced_tool_call_is_valid_for_its_schema(tool_client: OpenAI, tool_choice) -> None:
+    reply = tool_client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "What is the weather in Paris for 3 days?"}],
+        tools=[WEATHER, BOOK], tool_choice=tool_choice, parallel_tool_calls=False, temperature=0, max_tokens=80)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls
+    tool = {"get_weather": WEATHER, "book_table": BOOK}[call.function.name]
+    if isinstance(tool_choice, dict):
+        assert call.function.name == "book_table"
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+def test_a_tool_result_goes_back_to_the_model(tool_client: OpenAI) -> None:
+    messages = [{"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 C"}]
+    stream = tool_client.chat.completions.create(model="smol", messages=messages, tools=[WEATHER], temperature=0,
+                                                 max_tokens=24, stream=True)
+    chunks = list(stream)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert any(c.choices[0].delta.content or c.choices[0].delta.tool_calls for c in chunks)
