@@ -51,6 +51,13 @@ class TemplateSource:
     adds_bos: bool = False  # the tokenizer puts the BOS in front by itself
 
 
+@dataclass(frozen=True)
+class EmbeddingLimits:
+    max_tokens: int  # per input
+    max_inputs_per_decode: int
+    n_embd: int
+
+
 class TokenSampler(Protocol):
     """Per-request sampling state (penalties history, RNG, grammar)."""
 
@@ -93,5 +100,13 @@ class Backend(Protocol):
     def chat_template_source(self) -> TemplateSource: ...
 
     def new_sampler(self, params: SamplingParams) -> TokenSampler: ...
+
+    @property
+    def embedding_limits(self) -> EmbeddingLimits: ...
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Pooled embeddings (not normalized), one row per input; each within embedding_limits. Thread-safe
+        against decode (a context of its own) but not against itself."""
+        ...
 
     def close(self) -> None: ...

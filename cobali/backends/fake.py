@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cobali.backends.base import BackendInfo, DecodeError, TemplateSource
+from cobali.backends.base import BackendInfo, DecodeError, EmbeddingLimits, TemplateSource
 from cobali.engine.sampling import SamplingParams
 
 EOG_TOKEN = 0
@@ -103,6 +103,17 @@ class FakeBackend:
 
     def chat_template_source(self) -> TemplateSource:
         return TemplateSource(None)  # the fallback above
+
+    @property
+    def embedding_limits(self) -> EmbeddingLimits:
+        return EmbeddingLimits(self.n_ctx_seq, 4, self.n_vocab)
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Counts of each token: texts sharing words point the same way."""
+        out = np.zeros((len(inputs), self.n_vocab), dtype=np.float32)
+        for row, tokens in enumerate(inputs):
+            np.add.at(out[row], tokens, 1.0)
+        return out
 
     def new_sampler(self, params: SamplingParams) -> FakeSampler:
         return FakeSampler(self, params)

@@ -9,9 +9,18 @@ from dataclasses import dataclass
 import llama_cpp as ll
 import numpy as np
 
-from cobali.backends.base import LLAMA_CPP_PREFILL_TILE, BackendInfo, DecodeError, TemplateSource
+from cobali.backends.base import (
+    LLAMA_CPP_PREFILL_TILE,
+    BackendInfo,
+    DecodeError,
+    EmbeddingLimits,
+    TemplateSource,
+)
 from cobali.engine.sampling import SamplingParams
 
+# The embeddings context: tokens one input may have (and one decode may carry), inputs per decode.
+EMBEDDING_CTX = 2048
+EMBEDDING_SEQS = 16
 _DECODE_ERRORS = {1: "no KV slot for the batch (KV cache full)", 2: "decode aborted"}
 _LOG_CALLBACK = None  # keep the ctypes callback alive for the life of the process
 
@@ -62,6 +71,7 @@ class LlamaCppBackend:
         )
         self._batch = _OwnedBatch(self.info.n_batch)
         self._pieces: dict[int, bytes] = {}
+        self._embedder: _Embedder | None = None
 
     @staticmethod
     def _load_model(options: LlamaCppOptions):
@@ -180,18 +190,91 @@ class LlamaCppBackend:
         n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
         return buf.raw[:max(n, 0)].decode("utf-8", errors="replace")
 
+    # ---- embeddings -------------------------------------------------------------------------------
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Pooled embeddings, one row per input, from a context of their own (made on first use)."""
+        if self._embedder is None:
+            self._embedder = _Embedder(self.model, self.options)
+        return self._embedder.embed(inputs)
+
+    @property
+    def embedding_limits(self) -> EmbeddingLimits:
+        return EmbeddingLimits(EMBEDDING_CTX, EMBEDDING_SEQS, ll.llama_model_n_embd(self.model))
+
     # ---- sampling ---------------------------------------------------------------------------------
 
     def new_sampler(self, params: SamplingParams) -> LlamaCppSampler:
         return LlamaCppSampler(self, params)
 
     def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
         if self.ctx:
             ll.llama_free(self.ctx)
             self.ctx = None
         if self.model:
             ll.llama_model_free(self.model)
             self.model = None
+
+
+class _Embedder:
+    """An embeddings context: the inputs of one call share decodes (up to EMBEDDING_SEQS sequences and
+    EMBEDDING_CTX tokens each), pooled the model's way, or by mean for a generative model that has none."""
+
+    def __init__(self, model, options: LlamaCppOptions) -> None:
+        self.ctx = self._context(model, options, ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
+        if ll.llama_pooling_type(self.ctx) == ll.LLAMA_POOLING_TYPE_NONE:
+            ll.llama_free(self.ctx)
+            self.ctx = self._context(model, options, ll.LLAMA_POOLING_TYPE_MEAN)
+        self.n_embd = ll.llama_model_n_embd(model)
+        self.batch = _OwnedBatch(EMBEDDING_CTX)
+
+    @staticmethod
+    def _context(model, options: LlamaCppOptions, pooling: int):
+        params = ll.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = EMBEDDING_CTX  # pooling needs a sequence in one ubatch
+        params.n_seq_max = EMBEDDING_SEQS
+        params.kv_unified = True
+        params.embeddings = True
+        params.pooling_type = pooling
+        params.n_threads = params.n_threads_batch = options.n_threads or os.cpu_count() or 1
+        ctx = ll.llama_init_from_model(model, params)
+        if not ctx:
+            raise ValueError("could not create a llama.cpp embeddings context")
+        return ctx
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        out = np.zeros((len(inputs), self.n_embd), dtype=np.float32)
+        group: list[int] = []
+        for index, tokens in enumerate(inputs):
+            assert 0 < len(tokens) <= EMBEDDING_CTX, "inputs are checked against embedding_limits"
+            if group and (len(group) == EMBEDDING_SEQS
+                          or sum(len(inputs[i]) for i in group) + len(tokens) > EMBEDDING_CTX):
+                self._decode(inputs, group, out)
+                group = []
+            group.append(index)
+        self._decode(inputs, group, out)
+        return out
+
+    def _decode(self, inputs: list[list[int]], group: list[int], out: np.ndarray) -> None:
+        tokens = np.concatenate([inputs[i] for i in group]).astype(np.int32)
+        positions = np.concatenate([np.arange(len(inputs[i])) for i in group])
+        seqs = np.concatenate([np.full(len(inputs[i]), seq) for seq, i in enumerate(group)])
+        self.batch.fill(tokens, positions, seqs, np.ones(len(tokens), dtype=np.int8))
+        memory = ll.llama_get_memory(self.ctx)
+        try:
+            code = ll.llama_decode(self.ctx, self.batch.struct)
+            if code != 0:
+                raise DecodeError(_DECODE_ERRORS.get(code, f"llama_decode returned {code}"), code)
+            for seq, index in enumerate(group):
+                out[index] = np.ctypeslib.as_array(ll.llama_get_embeddings_seq(self.ctx, seq), shape=(self.n_embd,))
+        finally:
+            ll.llama_memory_clear(memory, True)
+
+    def close(self) -> None:
+        ll.llama_free(self.ctx)
 
 
 class _OwnedBatch:

@@ -42,7 +42,7 @@ def chat_prompt(http: Request, engine: Engine, messages: list[dict[str, Any]],
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
-    engine = served_engine(http, body)
+    engine = served_engine(http, body.model)
     tools = body.active_tools
     prompt = chat_prompt(http, engine, [m.as_template_input() for m in body.messages],
                          [t.model_dump(exclude_none=True) for t in tools] or None)

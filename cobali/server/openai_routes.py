@@ -73,12 +73,12 @@ def _choices(engine: Engine, body: GenerationRequest,
     return choices
 
 
-def served_engine(http: Request, body: GenerationRequest) -> Engine:
+def served_engine(http: Request, model: str | None) -> Engine:
     """The engine, for a request naming this server's model. Like OpenAI, an unknown model is a 404, not
     silently served by whatever is loaded; leaving `model` out is allowed."""
     server: ServerContext = http.app.state.server
-    if body.model is not None and body.model != server.model_name:
-        raise APIError(404, f"the model '{body.model}' does not exist; this server serves '{server.model_name}'",
+    if model is not None and model != server.model_name:
+        raise APIError(404, f"the model '{model}' does not exist; this server serves '{server.model_name}'",
                        param="model", code="model_not_found")
     return server.engine_thread.require_engine()
 
@@ -105,7 +105,7 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, promp
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, http: Request) -> Response:
-    engine = served_engine(http, body)
+    engine = served_engine(http, body.model)
     prompts = [tokenize(engine, p, "prompt") for p in body.prompts()]
     echoes = None
     if body.echo:  # the prompt as sent; token-id prompts are rendered from their tokens

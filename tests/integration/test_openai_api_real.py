@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 from openai import OpenAI
 
@@ -115,3 +116,17 @@ def test_a_tool_result_goes_back_to_the_model(tool_client: OpenAI) -> None:
     chunks = list(stream)
     assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert any(c.choices[0].delta.content or c.choices[0].delta.tool_calls for c in chunks)
+
+
+def test_embeddings_rank_a_paraphrase_above_an_unrelated_sentence(client: OpenAI) -> None:
+    sentence = "The cat sat on the mat."
+    texts = [sentence, "A cat was sitting on the rug.", "Quarterly revenue rose by eight percent.", sentence]
+    response = client.embeddings.create(model="smol", input=texts)  # base64, decoded by the SDK
+    vectors = np.array([d.embedding for d in response.data])
+    cosine = vectors @ vectors.T / np.outer(np.linalg.norm(vectors, axis=1), np.linalg.norm(vectors, axis=1))
+    assert cosine[0, 3] == pytest.approx(1.0, abs=1e-5)
+    assert cosine[0, 1] > cosine[0, 2]
+    assert response.usage.prompt_tokens > len(texts)
+    # Alone, in another decode, the sentence embeds the same.
+    alone = client.embeddings.create(model="smol", input=sentence, encoding_format="float").data[0].embedding
+    assert float(np.dot(alone, vectors[0]) / np.linalg.norm(vectors[0])) == pytest.approx(1.0, abs=1e-4)
