@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from cobali.engine.engine import Engine
-from cobali.server import chat, embeddings, openai_routes
+from cobali.server import chat, embeddings, openai_routes, responses
 from cobali.server.engine_thread import EngineThread, EngineUnavailable, QueueFull
 from cobali.server.errors import APIError, install_error_handlers, unavailable
 from cobali.server.flags import DEFAULT_MAX_BODY_BYTES
@@ -129,6 +129,6 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
         return APIError(429, str(err), "rate_limit_error", code="queue_full").response()
 
     app.include_router(ops)
-    for routes in (openai_routes, chat, embeddings):
+    for routes in (openai_routes, chat, embeddings, responses):
         app.include_router(routes.router, dependencies=[Depends(require_api_key)])
     return app

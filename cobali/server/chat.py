@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -31,8 +30,10 @@ def chat_prompter(http: Request, engine: Engine) -> ChatPrompter:
     return state.prompter
 
 
-def chat_prompt(http: Request, engine: Engine, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None) -> list[int]:
+def chat_prompt(http: Request, engine: Engine, body: ChatCompletionRequest) -> list[int]:
+    """The prompt's tokens: the messages and active tools through the chat template."""
+    messages = [m.as_template_input() for m in body.messages]
+    tools = [t.model_dump(exclude_none=True) for t in body.active_tools] or None
     try:
         text = chat_prompter(http, engine).prompt(messages, tools)
     except ValueError as err:
@@ -43,8 +44,5 @@ def chat_prompt(http: Request, engine: Engine, messages: list[dict[str, Any]],
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
     engine = served_engine(http, body.model)
-    tools = body.active_tools
-    prompt = chat_prompt(http, engine, [m.as_template_input() for m in body.messages],
-                         [t.model_dump(exclude_none=True) for t in tools] or None)
-    kind = dataclasses.replace(CHAT, tool_names=frozenset(t.function.name for t in tools))
-    return await generate(http, engine, body, [prompt], kind)
+    kind = dataclasses.replace(CHAT, tool_names=frozenset(t.function.name for t in body.active_tools))
+    return await generate(http, engine, body, [chat_prompt(http, engine, body)], kind)

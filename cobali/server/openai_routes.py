@@ -23,7 +23,7 @@ router = APIRouter()
 
 
 @contextlib.asynccontextmanager
-async def _aborted_on_disconnect(http: Request, generation: Generation) -> AsyncIterator[None]:
+async def aborted_on_disconnect(http: Request, generation: Generation) -> AsyncIterator[None]:
     """Free the slots as soon as the client goes away, even while its requests still wait in the queue."""
 
     async def watch() -> None:
@@ -40,7 +40,7 @@ async def _aborted_on_disconnect(http: Request, generation: Generation) -> Async
 
 
 async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
-    async with _aborted_on_disconnect(http, reply.generation):
+    async with aborted_on_disconnect(http, reply.generation):
         try:
             if (opening := reply.opening()) is not None:
                 yield opening
@@ -83,21 +83,27 @@ def served_engine(http: Request, model: str | None) -> Engine:
     return server.engine_thread.require_engine()
 
 
+def submit(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]]) -> Generation:
+    """The request's choices (prompts x n), queued on the engine."""
+    server: ServerContext = http.app.state.server
+    return server.engine_thread.submit(_choices(engine, body, prompts), priority=body.priority)
+
+
 async def generate(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]],
                    kind: Kind, echoes: list[str] | None = None) -> Response:
     server: ServerContext = http.app.state.server
-    choices = _choices(engine, body, prompts)
-    generation = server.engine_thread.submit(choices, priority=body.priority)
+    generation = submit(http, engine, body, prompts)
     logprobs = None
-    if choices[0][1].logprobs is not None:
-        logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(choices), echo=echoes is not None)
+    if generation.requests[0].params.logprobs is not None:
+        logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(generation.requests),
+                                 echo=echoes is not None)
     reply = Reply(kind, server.model_name, generation, sum(map(len, prompts)), logprobs,
                   None if echoes is None else [e for e in echoes for _ in range(body.n)])
     headers = ignored_fields_headers(body)
     if body.stream:
         return StreamingResponse(_stream(http, reply, body.include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
-    async with _aborted_on_disconnect(http, generation):
+    async with aborted_on_disconnect(http, generation):
         async for _ in generation.events():
             pass
     return JSONResponse(reply.full(), headers=headers)

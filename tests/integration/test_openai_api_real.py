@@ -130,3 +130,13 @@ def test_embeddings_rank_a_paraphrase_above_an_unrelated_sentence(client: OpenAI
     # Alone, in another decode, the sentence embeds the same.
     alone = client.embeddings.create(model="smol", input=sentence, encoding_format="float").data[0].embedding
     assert float(np.dot(alone, vectors[0]) / np.linalg.norm(vectors[0])) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_responses_api_on_the_real_model(client: OpenAI) -> None:
+    response = client.responses.create(model="smol", input="Name a colour.", instructions="Answer in one word.",
+                                       max_output_tokens=8, temperature=0)
+    assert response.output_text and response.usage.output_tokens <= 8
+    events = list(client.responses.create(model="smol", input="Name a colour.", instructions="Answer in one word.",
+                                          max_output_tokens=8, temperature=0, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == response.output_text
