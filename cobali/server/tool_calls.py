@@ -54,11 +54,7 @@ def _json(text: str) -> Any:
 def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[ParsedCall]]:
     """(the text that is not a call, or None if nothing is left; the calls, in order)."""
     if "<tool_call>" in text:
-        calls = [_call(_json(body), names) for body in _HERMES.findall(text)]
-        if calls and all(calls):
-            rest = _HERMES.sub("", text).strip()
-            return rest or None, calls  # type: ignore[return-value]
-        return text, []
+        return _hermes(text, names)
     body = text.strip().removeprefix(_PYTHON_TAG).strip()
     value = _json(body)
     if value is None and ";" in body:
@@ -68,6 +64,24 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[Parse
     if calls and all(calls):
         return None, calls  # type: ignore[return-value]
     return text, []
+
+
+def _hermes(text: str, names: set[str]) -> tuple[str | None, list[ParsedCall]]:
+    """Blocks that parse are calls; one that does not stays text, unless it is the last, cut short by
+    max_tokens (it is dropped: half a call is neither a call nor an answer)."""
+    calls, kept, end = [], [], 0
+    for match in _HERMES.finditer(text):
+        call = _call(_json(match.group(1)), names)
+        kept.append(text[end:match.start()])
+        if call is not None:
+            calls.append(call)
+        elif match.group(0).endswith("</tool_call>"):
+            kept.append(match.group(0))
+        end = match.end()
+    if not calls:
+        return text, []
+    rest = "".join([*kept, text[end:]]).strip()
+    return rest or None, calls
 
 
 class ToolCallStream:

@@ -140,3 +140,19 @@ def test_responses_api_on_the_real_model(client: OpenAI) -> None:
                                           max_output_tokens=8, temperature=0, stream=True))
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == response.output_text
+
+
+def test_langchain_chat_openai_binds_and_calls_a_tool(tool_client: OpenAI) -> None:
+    langchain_openai = pytest.importorskip("langchain_openai")
+
+    def get_weather(city: str, days: int) -> str:
+        """Current weather in a city, for some days."""
+        return "sunny"
+
+    llm = langchain_openai.ChatOpenAI(model="smol", base_url=str(tool_client.base_url), api_key="unused",
+                                      temperature=0, max_tokens=60, max_retries=0)
+    message = llm.bind_tools([get_weather], tool_choice="required").invoke("Weather in Rome for 2 days?")
+    [call] = message.tool_calls
+    assert call["name"] == "get_weather"
+    assert isinstance(call["args"]["city"], str) and isinstance(call["args"]["days"], int)
+    assert llm.invoke("Say hi.").content

@@ -139,7 +139,10 @@ def test_bad_tool_requests_are_400(chatting: OpenAI, body: dict, fragment: str) 
 
 @pytest.mark.parametrize(("text", "content", "calls"), [
     (CALL, None, [("get_weather", {"city": "Paris"})]),
-    ('<tool_call>{"name": "get_weather", "arguments": {}}', None, [("get_weather", {})]),  # cut short
+    ('<tool_call>{"name": "get_weather", "arguments": {}}', None, [("get_weather", {})]),  # no closing tag
+    (CALL + '\n<tool_call>\n{"name": "get_weather", "argu', None, [("get_weather", {"city": "Paris"})]),  # cut
+    ('<tool_call>{"name": "nope"}</tool_call> ' + CALL, '<tool_call>{"name": "nope"}</tool_call>',
+     [("get_weather", {"city": "Paris"})]),
     ('{"name": "get_weather", "parameters": {"city": "Rome"}}', None, [("get_weather", {"city": "Rome"})]),
     ('<|python_tag|>{"name": "get_weather", "parameters": {}}; {"name": "get_weather", "parameters": {"a": 1}}',
      None, [("get_weather", {}), ("get_weather", {"a": 1})]),
