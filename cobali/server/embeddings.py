@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from cobali.engine.engine import Engine
 from cobali.server.errors import bad_request
 from cobali.server.openai_routes import served_engine
-from cobali.server.schemas import RequestBody, one_of
+from cobali.server.schemas import RequestBody, one_of, text_batch
 from cobali.server.state import ServerContext
 from cobali.server.unknown_fields import ignored_fields_headers
 
@@ -45,11 +45,7 @@ class EmbeddingRequest(RequestBody):
         return self
 
     def inputs(self) -> list[str | list[int]]:
-        if isinstance(self.input, str):
-            return [self.input]
-        if self.input and isinstance(self.input[0], int):
-            return [list(self.input)]  # type: ignore[arg-type]
-        return list(self.input)  # type: ignore[arg-type]
+        return text_batch(self.input)
 
 
 def _tokens(engine: Engine, item: str | list[int], max_tokens: int) -> list[int]:

@@ -44,6 +44,15 @@ def one_of(expected: str) -> WrapValidator:
     return WrapValidator(validate)
 
 
+def text_batch(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """A batch of texts as OpenAI sends it (`prompt`, `input`): a string, token ids, or a list of either."""
+    if isinstance(value, str):
+        return [value]
+    if value and isinstance(value[0], int):
+        return [list(value)]  # type: ignore[arg-type]
+    return list(value)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class ModelLimits:
     """What a request is checked against once the model is loaded."""
@@ -221,9 +230,4 @@ class CompletionRequest(GenerationRequest):
         return self.logprobs if self.echo else None
 
     def prompts(self) -> list[str | list[int]]:
-        """The batch of prompts: a string, token ids, or a list of either."""
-        if isinstance(self.prompt, str):
-            return [self.prompt]
-        if self.prompt and isinstance(self.prompt[0], int):
-            return [list(self.prompt)]  # type: ignore[arg-type]
-        return list(self.prompt)  # type: ignore[arg-type]
+        return text_batch(self.prompt)
