@@ -13,10 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
+from cobali.backends.base import TemplateSource
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.server.app import create_app
-from cobali.server.chat_template import JinjaChatTemplate
+from cobali.server.chat_template import ChatPrompter, JinjaChatTemplate
 from cobali.server.tool_calls import ToolCallStream, parse_tool_calls
 from tests.unit.test_server_api import wait_healthy
 
@@ -161,3 +162,12 @@ def test_a_stream_sends_plain_text_at_once_and_holds_what_may_be_a_call() -> Non
     stream = ToolCallStream({"get_weather"})
     assert [stream.push(piece) for piece in ["It is ", "warm", " <tool", "_call>{}"]] == ["It is ", "warm", " ", ""]
     assert stream.finish() == ("<tool_call>{}", [])  # not a call after all: the held text is sent
+
+
+def test_without_a_jinja_template_the_backend_matcher_serves_and_tools_are_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    fallback = ChatPrompter(TemplateSource("{% for %}"), lambda messages: f"matched {len(messages)}")
+    assert "does not compile" in caplog.text  # the broken GGUF template is named in the log, then skipped
+    assert fallback.prompt([{"role": "user", "content": "x"}]) == "matched 1"
+    with pytest.raises(ValueError, match="tools need a Jinja chat template"):
+        fallback.prompt([{"role": "user", "content": "x"}], tools=[WEATHER])
