@@ -18,7 +18,7 @@ from cobali.server.chat import chat_prompt
 from cobali.server.engine_thread import EngineUnavailable, Generation
 from cobali.server.errors import bad_request, unavailable
 from cobali.server.openai_routes import aborted_on_disconnect, served_engine, submit
-from cobali.server.responses_schemas import ResponsesRequest
+from cobali.server.responses_schemas import FunctionChoice, ResponsesRequest
 from cobali.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 from cobali.server.unknown_fields import ignored_fields_headers
 
@@ -62,7 +62,7 @@ class ResponseObject:
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "output": output, "parallel_tool_calls": body.parallel_tool_calls,
             "temperature": body.temperature, "top_p": body.top_p, "tools": tools,
-            "tool_choice": body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump")
+            "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, FunctionChoice)
             else (body.tool_choice or "auto"),
             "text": {"format": {"type": "text"}}, "previous_response_id": None, "store": False,
             "metadata": body.metadata or {}, "user": body.user,
