@@ -94,7 +94,8 @@ ToolChoice = Annotated[Literal["none", "auto", "required"] | NamedToolChoice,
 
 class ChatCompletionRequest(GenerationRequest):
     default_max_tokens: ClassVar[int | None] = None
-    unsupported: ClassVar[tuple[str, ...]] = ("functions", "function_call")
+    unsupported: ClassVar[tuple[str, ...]] = ("functions", "function_call", "audio", "prediction",
+                                              "web_search_options")
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -105,6 +106,10 @@ class ChatCompletionRequest(GenerationRequest):
     parallel_tool_calls: bool = True
     functions: list[dict[str, Any]] | None = None  # the deprecated predecessors of tools
     function_call: str | dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None  # OpenAI features this server has not: named, so they are refused
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    modalities: list[Literal["text"]] | None = None
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:

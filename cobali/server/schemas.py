@@ -114,7 +114,7 @@ class GenerationRequest(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     default_max_tokens: ClassVar[int | None] = 16  # None: up to the end of the context
-    unsupported: ClassVar[tuple[str, ...]] = ()  # fields that must stay unset (None / False / 0)
+    unsupported: ClassVar[tuple[str, ...]] = ()  # fields that must stay unset (None or False)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -139,7 +139,7 @@ class GenerationRequest(RequestBody):
     @model_validator(mode="after")
     def _check(self) -> GenerationRequest:
         for name in self.unsupported:
-            if getattr(self, name, None):
+            if getattr(self, name, None) not in (None, False):  # {} asks for the feature too
                 raise ValueError(f"{name} is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream set to true")
@@ -212,12 +212,15 @@ class CompletionRequest(GenerationRequest):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = None
 
     @model_validator(mode="after")
     def _check_batch(self) -> CompletionRequest:
         n_prompts = len(self.prompts())
         if n_prompts == 0:
             raise ValueError("prompt must not be empty")
+        if self.best_of not in (None, self.n):
+            raise ValueError("best_of is not supported by this server (other than best_of = n)")
         if n_prompts * self.n > MAX_CHOICES:
             raise ValueError(f"prompts x n must be at most {MAX_CHOICES}, got {n_prompts} x {self.n}")
         return self

@@ -147,3 +147,20 @@ def test_a_12_mb_body_gets_a_413_that_urllib_can_read() -> None:
             urllib.request.urlopen(request, timeout=30)
         assert caught.value.code == 413
         assert json.loads(caught.value.read())["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize(("route", "extra", "fragment"), [
+    ("completions", {"best_of": 3}, "best_of is not supported"),
+    ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio is not supported"),
+    ("chat", {"modalities": ["text", "audio"]}, "modalities"),
+    ("chat", {"web_search_options": {}}, "web_search_options is not supported"),
+])
+def test_openai_fields_this_server_cannot_honour_are_400(client: OpenAI, route: str, extra: dict,
+                                                         fragment: str) -> None:
+    if route == "completions":
+        call = lambda: client.completions.create(model="fake-model", prompt="x", max_tokens=1,  # noqa: E731
+                                                 extra_body=extra)
+    else:
+        call = lambda: client.chat.completions.create(model="fake-model", max_tokens=1,  # noqa: E731
+                                                      messages=[{"role": "user", "content": "x"}], extra_body=extra)
+    assert fragment in bad_request(call)
