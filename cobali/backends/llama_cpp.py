@@ -200,7 +200,9 @@ class LlamaCppBackend:
 
     @property
     def embedding_limits(self) -> EmbeddingLimits:
-        return EmbeddingLimits(EMBEDDING_CTX, EMBEDDING_SEQS, ll.llama_model_n_embd(self.model))
+        # Positions past the model's training context would embed garbage.
+        max_tokens = min(EMBEDDING_CTX, ll.llama_model_n_ctx_train(self.model))
+        return EmbeddingLimits(max_tokens, EMBEDDING_SEQS, ll.llama_model_n_embd(self.model))
 
     # ---- sampling ---------------------------------------------------------------------------------
 
