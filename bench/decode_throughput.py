@@ -14,13 +14,14 @@ import subprocess
 
 import numpy as np
 
+from cobali.backends.base import SamplingParams
+from cobali.config import build_backend
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.sampling import SamplingParams
-from cobali.options import add_backend_args, build_backend, positive_int
+from cobali.options import add_backend_args, backend_config, positive_int
 
 
 def engine_decode(args: argparse.Namespace) -> dict:
-    backend = build_backend(args)
+    backend = build_backend(backend_config(args))
     engine = Engine(backend, EngineConfig(mode="static", max_slots=args.max_slots, n_batch=args.n_batch))
     prompts = [[1000 + (i * 31 + j) % 20000 for j in range(args.prompt_tokens)] for i in range(args.max_slots)]
     engine.generate(prompts, SamplingParams(max_tokens=args.gen_tokens + 1, ignore_eos=True))
@@ -59,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.ctx:
         args.ctx = args.max_slots * (args.prompt_tokens + args.gen_tokens + 8)
-    from cobali.model import embedded_model_path
+    from cobali.backends.embedded_model import embedded_model_path
 
     model = args.model or embedded_model_path()
     args.model = model

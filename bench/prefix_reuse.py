@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
+from cobali.config import build_backend
 from cobali.engine.engine import Engine
-from cobali.options import add_engine_args, build_backend, engine_config, positive_int
+from cobali.options import add_engine_args, engine_spec, positive_int
 from cobali.runner import run_workload
 from cobali.workloads import WorkItem
 
@@ -41,14 +43,14 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=positive_int, default=400)
     parser.add_argument("--max-new", type=positive_int, default=16)
     args = parser.parse_args()
-    backend = build_backend(args)
+    spec = engine_spec(args)
+    backend = build_backend(spec.backend)
     items = chats(backend, args.chats, args.system_tokens)
     first = len(backend.tokenize(items[0].prompt))
     print(f"{len(items)} chats, first prompt {first} tokens, {backend.info.description}")
     rows = {}
     for cached in (False, True):
-        args.prefix_cache = cached
-        engine = Engine(backend, engine_config(args))
+        engine = Engine(backend, replace(spec.engine, prefix_cache=cached))
         summary = run_workload(engine, items, args.max_new, ignore_eos=True, progress=None).summary()
         rows[cached] = summary
         print(f"prefix cache {'on ' if cached else 'off'}: wall {summary['wall_s']:.2f} s, "

@@ -17,14 +17,15 @@ import sys
 from collections import defaultdict
 from dataclasses import replace
 
-from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+from cobali.backends.embedded_model import embedded_model_path
+from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.bench.cli import file_items
-from cobali.bench.workload import arrival_offsets
 from cobali.cli import build_parser
-from cobali.model import embedded_model_path
 from cobali.sim.backend import SimBackend
 from cobali.sim.cli import sim_spec
 from cobali.sim.cluster import SimItem, simulate
+from cobali.workloads import arrival_offsets
 
 
 def kind(decode_rows: int, prefill_tokens: int) -> str:
@@ -39,7 +40,7 @@ def simulated_ticks(argv: list[str]) -> list[tuple[int, int, float]]:
     items = file_items(args)
     if items is None:
         raise SystemExit("give the real run's --prompts file")
-    model = LlamaCppBackend(LlamaCppOptions(embedded_model_path(), n_seq_max=1))
+    model = LlamaCppBackend(LlamaCppConfig(embedded_model_path(), n_seq_max=1))
     n_vocab = SimBackend(spec.costs).n_vocab
     work = []
     for item in items:

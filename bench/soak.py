@@ -30,6 +30,8 @@ from pathlib import Path
 
 import httpx
 
+from cobali.bench.serve_client import sse_data
+
 COBALI = str(Path(sys.executable).with_name("cobali"))
 
 
@@ -82,10 +84,8 @@ def request_body(index: int, max_tokens: int) -> dict:
 
 def _event(line: str) -> dict | str | None:
     """One SSE line: its JSON payload, the string '[DONE]', or None for a blank or comment line."""
-    if not line.startswith("data:"):
-        return None
-    data = line.removeprefix("data:").strip()
-    return data if data == "[DONE]" else json.loads(data)
+    data = sse_data(line)
+    return data if data is None or data == "[DONE]" else json.loads(data)
 
 
 async def one_request(client: httpx.AsyncClient, index: int, max_tokens: int,

@@ -16,7 +16,7 @@ CTX=$((SLOTS * 2048))
 PORT_LLAMA=${PORT_LLAMA:-8091}
 PORT_COBALI=${PORT_COBALI:-8092}
 OUT=${OUT:-results/vs_llama_server}
-MODEL=$(.venv/bin/python -c 'from cobali.model import embedded_model_path; print(embedded_model_path())')
+MODEL=$(.venv/bin/python -c 'from cobali.backends.embedded_model import embedded_model_path; print(embedded_model_path())')
 BIN=$(bench/build_llama_tools.sh)
 mkdir -p "$OUT"
 

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from cobali.backends.base import Backend
-from cobali.bench.workload import load_items
-from cobali.costs import DEFAULT_PROFILE, CostProfile, Measurement
-from cobali.options import add_backend_args, build_backend, positive_int
+from cobali.config import build_backend
+from cobali.costs import CostProfile, Measurement, user_profiles_dir
+from cobali.options import add_backend_args, backend_config, positive_int
+from cobali.workloads import load_items
 
 PREFILL_SIZES = (32, 64, 128, 256, 512)
 DECODE_SEQS = (1, 2, 4, 8, 16)
@@ -125,7 +126,9 @@ def format_profile(profile: CostProfile) -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("calibrate", help="measure the backend and save a cost profile (JSON)")
     add_backend_args(parser)
-    parser.add_argument("--out", default=str(DEFAULT_PROFILE), help="where to write the profile")
+    parser.add_argument("--out", default=None,
+                        help="where to write the profile (default: calibrated.json in the user's cache, "
+                             "$COBALI_CACHE/profiles or ~/.cache/cobali/profiles; use it as --profile calibrated)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timings per point (the median is kept)")
     parser.add_argument("--text-sample", default="mixed_length",
                         help="prompts file or scenario whose text measures the tokenizer's characters per token")
@@ -133,9 +136,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
-    args.max_slots += 1  # one more sequence than slots: prefill chunks are timed on it, beside full decodes
+    # One more sequence than slots: prefill chunks are timed on it, beside full decodes.
+    config = backend_config(args, n_seq_max=args.max_slots + 1)
     texts = [item.prompt for item in load_items(args.text_sample, flag="--text-sample") if isinstance(item.prompt, str)]
-    backend = build_backend(args)
+    backend = build_backend(config)
     info = backend.info
     print(f"calibrating {info.description}: n_batch {info.n_batch}, {info.n_seq_max} sequences")
     _time_batch(backend, [(0, p) for p in range(min(64, info.n_batch))], 1)  # warm-up
@@ -143,6 +147,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     profile = CostProfile.fit(points, device=info.description, source="cobali calibrate",
                               chars_per_token=chars_per_token(backend, texts))
     print(format_profile(profile))
-    profile.save(args.out)
-    print(f"wrote {args.out}")
+    out = args.out or user_profiles_dir() / "calibrated.json"
+    profile.save(out)
+    print(f"wrote {out}")
     return 0

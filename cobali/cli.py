@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
-from cobali import __version__, calibrate, runner, server
+from cobali import __version__, calibrate, run
 from cobali.batch import cli as batch_cli
 from cobali.bench import cli as bench_cli
+from cobali.options import engine_spec
+from cobali.server.flags import add_serve_args, server_config
 from cobali.sim import cli as sim_cli
 
 
@@ -15,9 +18,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cobali", description="continuous batching over llama.cpp")
     parser.add_argument("--version", action="version", version=f"cobali {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for face in (runner, bench_cli, server, calibrate, sim_cli, batch_cli):
-        face.register(subparsers)
+    run.register(subparsers)
+    bench_cli.register(subparsers)
+    serve = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_serve_args(serve)
+    serve.set_defaults(func=serve_command)
+    calibrate.register(subparsers)
+    sim_cli.register(subparsers)
+    batch_cli.register(subparsers).set_defaults(func=batch_command)
     return parser
+
+
+def batch_command(args: argparse.Namespace) -> int:
+    """One engine in this process, or --replicas engines on Ray workers."""
+    if not args.ray:
+        return batch_cli.batch_command(args)
+    from cobali.ray.batch import run_shards_on_ray  # Ray is an optional extra: imported only here
+
+    return batch_cli.batch_command(args, run_shards=functools.partial(run_shards_on_ray, args.replicas))
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """One engine in this process, or --replicas engines behind one endpoint with Ray Serve."""
+    spec, settings = engine_spec(args), server_config(args)
+    if settings.replicas == 1:
+        from cobali.server.serve import serve  # FastAPI and uvicorn load only for `serve`
+
+        return serve(spec, settings)
+    try:
+        from cobali.ray.serve import serve_replicas  # Ray is an optional extra: imported only here
+    except ImportError as err:
+        raise ValueError(f"--replicas > 1 needs Ray Serve (pip install 'cobali[ray]'): {err}") from None
+    return serve_replicas(spec, settings)
 
 
 def main(argv: list[str] | None = None) -> int:

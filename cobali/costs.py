@@ -19,6 +19,7 @@ Bundled profiles (`--profile NAME`):
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -84,19 +85,27 @@ class CostProfile:
             raise ValueError(f"cannot read cost profile {path}: {err}") from None
 
 
+def user_profiles_dir() -> Path:
+    """Where `cobali calibrate` writes by default: the user's cache ($COBALI_CACHE, else ~/.cache/cobali),
+    never the profiles bundled inside the package."""
+    return Path(os.environ.get("COBALI_CACHE") or Path.home() / ".cache" / "cobali") / "profiles"
+
+
 def profile_names() -> list[str]:
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+    return sorted({p.stem for d in (PROFILES_DIR, user_profiles_dir()) for p in d.glob("*.json")})
 
 
 def resolve_profile(spec: str | None) -> Path:
-    """A path as given, a bundled profile's name (e.g. `h100-llama-8b`), or None: this CPU's profile."""
+    """A path as given, a profile's name (bundled, e.g. `h100-llama-8b`, or calibrated into the user's cache,
+    e.g. `calibrated`), or None: this CPU's bundled profile."""
     if spec is None:
         return DEFAULT_PROFILE
     if Path(spec).is_file():
         return Path(spec)
-    candidate = PROFILES_DIR / f"{spec}.json"
-    if candidate.is_file():
-        return candidate
+    for folder in (PROFILES_DIR, user_profiles_dir()):
+        candidate = folder / f"{spec}.json"
+        if candidate.is_file():
+            return candidate
     raise ValueError(f"--profile {spec!r}: no such file or bundled profile ({', '.join(profile_names())})")
 
 

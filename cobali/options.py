@@ -1,16 +1,16 @@
-"""Engine flags shared by every face (run, bench, serve), and building an engine from them."""
+"""Flags shared by the faces (engine, backend, workload), and the typed configs built from them."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 
-from cobali.backends.base import Backend
-from cobali.engine.budget import CostModel
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.config import EngineSpec
+from cobali.engine.engine import EngineConfig
 from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
 from cobali.engine.queue import QUEUE_ORDERS
+from cobali.workloads import WorkItem, load_items
 
 
 def number_type(cast: Callable[[str], float], minimum: float, what: str) -> Callable[[str], float]:
@@ -67,22 +67,11 @@ def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0)
                         help="do not reuse KV of earlier prompts sharing a prefix")
 
 
-def build_backend(args: argparse.Namespace) -> Backend:
-    from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
-    from cobali.model import embedded_model_path
-
-    if args.n_batch < args.max_slots:
-        raise ValueError(f"--n-batch ({args.n_batch}) must be >= --max-slots ({args.max_slots})")
-    options = LlamaCppOptions(
-        model_path=args.model or embedded_model_path(),
-        n_ctx=args.ctx,
-        n_seq_max=args.max_slots,
-        n_batch=args.n_batch,
-        n_threads=args.threads,
-        kv_unified=args.kv_unified,
-        n_gpu_layers=args.n_gpu_layers,
-    )
-    return LlamaCppBackend(options)
+def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> LlamaCppConfig:
+    """llama.cpp's settings from the flags; n_seq_max: sequences to size it for (default --max-slots)."""
+    return LlamaCppConfig(model_path=args.model, n_ctx=args.ctx, n_seq_max=n_seq_max or args.max_slots,
+                          n_batch=args.n_batch, n_threads=args.threads, kv_unified=args.kv_unified,
+                          n_gpu_layers=args.n_gpu_layers)
 
 
 def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:
@@ -92,22 +81,48 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
                         **overrides)
 
 
-def load_costs(args: argparse.Namespace, backend: Backend | None = None) -> CostModel | None:
-    """The cost profile an ITL target needs (--profile, else the bundled one); None without a target.
-    A profile measured on another device or model still runs, with a note: its predictions are off."""
-    if args.itl_target_ms <= 0:
-        return None
-    from cobali.costs import load_profile
-
-    profile = load_profile(args.profile)
-    if backend is not None and profile.device != backend.info.description:
-        print(f"note: the cost profile is for '{profile.device}', not '{backend.info.description}'; "
-              "run `cobali calibrate` (and pass --profile) for accurate adaptive chunking", file=sys.stderr)
-    return profile
+def engine_spec(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineSpec:
+    """The typed configs of one engine from the flags: the only place engine flags are read."""
+    return EngineSpec(engine_config(args, mode, **overrides), backend_config(args), args.profile)
 
 
-def build_engine(args: argparse.Namespace, backend: Backend | None = None, mode: str = "cont",
-                 **overrides) -> Engine:
-    config = engine_config(args, mode, **overrides)
-    backend = backend or build_backend(args)
-    return Engine(backend, config, costs=load_costs(args, backend))
+# ---- workload flags (bench, simulate) ----------------------------------------------------------------
+
+
+def add_load_args(parser: argparse.ArgumentParser, prompts_required: bool = False) -> None:
+    parser.add_argument("--prompts", required=prompts_required,
+                        help="prompts file (.txt/.jsonl/.json) or a scenario name (e.g. mixed_length)")
+    parser.add_argument("--num-prompts", type=positive_int, default=None,
+                        help="use the first N prompts of the file; the count of random prompts (default 100)")
+    parser.add_argument("--max-new", type=positive_int, default=64, help="max new tokens per request")
+    parser.add_argument("--request-rate", type=positive_float, default=float("inf"),
+                        help="open-loop arrivals per second (default inf: all at once)")
+    parser.add_argument("--burstiness", type=positive_float, default=1.0,
+                        help="gamma shape of inter-arrival times; 1 = Poisson, < 1 burstier")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="seed for arrivals and random prompts")
+    parser.add_argument("--out", default=None, help="directory for summary.json, request records and plots")
+
+
+def add_random_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--random-input-len", type=positive_int, default=None, help="random token prompts")
+    parser.add_argument("--random-output-len", type=positive_int, default=None,
+                        help="max new tokens of random prompts (default --max-new)")
+    parser.add_argument("--random-range-ratio", type=float, default=0.0,
+                        help="random lengths uniform in [len*(1-r), len*(1+r)]")
+
+
+def file_items(args: argparse.Namespace) -> list[WorkItem] | None:
+    """The prompts file's items, or None for a random workload (drawn once the vocabulary is known)."""
+    if args.random_input_len is None:
+        if args.prompts is None:
+            raise ValueError("give --prompts FILE|SCENARIO or --random-input-len N")
+        return load_items(args.prompts, args.num_prompts)
+    if args.prompts is not None:
+        raise ValueError("--prompts and --random-input-len are exclusive")
+    return None
+
+
+def flags_record(args: argparse.Namespace) -> dict:
+    """The flags as JSON can hold them: no Infinity (the default request rate is written as "inf")."""
+    return {k: "inf" if v == float("inf") else v for k, v in vars(args).items() if k != "func"}

@@ -1,26 +1,21 @@
-"""`cobali run`: one workload through one engine configuration, with metrics."""
+"""One workload through one engine, offline: every item submitted at once, run to completion, with metrics.
+The library under `cobali run`, `cobali bench` and the benchmark scripts."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
 
-from cobali.bench.metrics import request_timing, summarize
+from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine, TickRecord
 from cobali.engine.request import Request
-from cobali.engine.sampling import SamplingParams
-from cobali.options import add_engine_args, build_engine, positive_int
-from cobali.workloads import WorkItem, load_workload
-
-MODES = ("seq", "static", "cont")
+from cobali.metrics import summarize
+from cobali.workloads import WorkItem
 
 
 @dataclass
@@ -80,70 +75,3 @@ def run_workload(
         bar.close()
     wall = time.perf_counter() - wall0
     return RunResult(requests, wall, user_cpu_seconds() - cpu0, engine.ticks[start_ticks:])
-
-
-def request_record(request: Request) -> dict:
-    timing = request_timing(request)
-    return {
-        "id": request.id,
-        "prompt_tokens": len(request.prompt_tokens),
-        "output_tokens": len(request.output_tokens),
-        "text": request.text,
-        "finish_reason": request.finish_reason.value if request.finish_reason else None,
-        "error": request.error,
-        "ttft_ms": timing.ttft_ms,
-        "tpot_ms": timing.tpot_ms,
-        "e2el_ms": timing.e2el_ms,
-        "queue_ms": timing.queue_ms,
-        "itl_ms": list(timing.itl_ms),
-    }
-
-
-def format_summary(summary: dict) -> str:
-    lines = [
-        f"requests            {summary['requests']} ({summary['failed']} failed)",
-        f"prompt tokens       {summary['prompt_tokens']}",
-        f"generated tokens    {summary['generated_tokens']}",
-        f"wall time           {summary['wall_s']:.2f} s",
-        f"user CPU time       {summary['user_cpu_s']:.2f} s",
-        f"throughput          {summary['requests_per_s']:.2f} req/s, {summary['output_tok_s']:.1f} output tok/s, "
-        f"{summary['total_tok_s']:.1f} total tok/s",
-    ]
-    if summary.get("ticks"):
-        lines.append(f"ticks               {summary['ticks']} (mean {summary['mean_batch_tokens']:.1f} tok/batch, "
-                     f"host {summary['host_ms_per_tick']:.2f} ms/tick = {summary['host_share']:.1%}, "
-                     f"wasted decode slots {summary['wasted_decode_slots']})")
-    lines.append(f"{'latency (ms)':<20}{'mean':>10}{'p50':>10}{'p99':>10}")
-    for name in ("ttft", "tpot", "itl", "e2el"):
-        cells = [summary[f"{name}_{stat}_ms"] for stat in ("mean", "p50", "p99")]
-        lines.append(f"{name.upper():<20}" + "".join(f"{c:>10.1f}" if c is not None else f"{'-':>10}" for c in cells))
-    return "\n".join(lines)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("run", help="run a prompts file through the engine and report metrics")
-    add_engine_args(parser)
-    parser.add_argument("--prompts", required=True, help=".txt (a prompt a line), .jsonl or a JSON scenario")
-    parser.add_argument("--mode", choices=MODES, default="cont", help="scheduling mode")
-    parser.add_argument("--max-new", type=positive_int, default=64, help="max new tokens per request")
-    parser.add_argument("--ignore-eos", action="store_true", help="generate exactly max-new tokens")
-    parser.add_argument("--json", dest="json_out", default=None, help="write config, summary and requests here")
-    parser.add_argument("--trace-steps", action="store_true", help="print every tick's batch composition")
-    parser.set_defaults(func=run_command)
-
-
-def run_command(args: argparse.Namespace) -> int:
-    items = load_workload(args.prompts)
-    engine = build_engine(args, mode=args.mode)
-    print(f"cobali run: {len(items)} prompts, mode {args.mode}, {engine.backend.info.description}")
-    result = run_workload(engine, items, args.max_new, args.ignore_eos, trace_steps=args.trace_steps)
-    summary = result.summary()
-    print(format_summary(summary))
-    if args.json_out:
-        config = {k: v for k, v in vars(args).items() if k != "func"}
-        config["backend"] = asdict(engine.backend.info)
-        out = {"config": config, "summary": summary, "requests": [request_record(r) for r in result.requests]}
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(out, indent=1))
-        print(f"wrote {args.json_out}")
-    return 0

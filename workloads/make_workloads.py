@@ -103,10 +103,10 @@ def zen_lines() -> list[str]:
 
 def make_counter() -> tuple[Counter, str]:
     try:
-        from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
-        from cobali.model import embedded_model_path
+        from cobali.backends.llama_cpp import LlamaCppBackend
+        from cobali.backends.llama_cpp_config import LlamaCppConfig
 
-        backend = LlamaCppBackend(LlamaCppOptions(embedded_model_path(), n_seq_max=1, n_batch=64))
+        backend = LlamaCppBackend(LlamaCppConfig(n_seq_max=1, n_batch=64))
         return (lambda text: len(backend.tokenize(text))), "SmolLM2-135M-Instruct tokenizer"
     except Exception as exc:  # no engine build: approximate, and say so
         print(f"tokenizer unavailable ({exc}); counting len(text)//4", file=sys.stderr)

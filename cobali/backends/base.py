@@ -2,17 +2,69 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from cobali.engine.sampling import SamplingParams
+MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default max_logprobs
 
-# llama.cpp's CPU flash attention takes its tiled path only for 64 or more query rows of one sequence;
-# fewer go row by row, 2-3x slower at position 500 (measured here). With per-sequence KV streams the batch
-# split also puts one token of every sequence into the decode rows' micro-batch, so a chunk needs 65.
-LLAMA_CPP_PREFILL_TILE = 65
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling and stopping. Validated on construction: bad values raise ValueError."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    grammar: str | None = None
+    logprobs: int | None = None  # report each sampled token's logprob and this many top alternatives
+    prompt_logprobs: int | None = None  # also each prompt token's logprob (after the first), with alternatives
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit before sampling)
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
+            _check(math.isfinite(getattr(self, name)), f"{name} must be a finite number")
+        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _check(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
+        _check(self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check(self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+               f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+               f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        _check(all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite")
+
+    @property
+    def is_greedy(self) -> bool:
+        """Greedy rows are sampled by one vectorized argmax; anything that reshapes logits needs a chain."""
+        return (
+            (self.temperature == 0 or self.top_k == 1)
+            and self.repetition_penalty == 1.0
+            and self.presence_penalty == 0.0
+            and self.frequency_penalty == 0.0
+            and self.grammar is None
+            and not self.logit_bias
+        )
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
 
 
 class DecodeError(RuntimeError):
@@ -58,6 +110,21 @@ class EmbeddingLimits:
     n_embd: int
 
 
+@dataclass(frozen=True)
+class BatchArrays:
+    """One decode's inputs, a row per token. The engine fills a backend's own arrays in place and hands
+    decode views of their first rows, so nothing is copied between the plan and llama.cpp."""
+
+    tokens: np.ndarray  # int32
+    positions: np.ndarray  # int32
+    seq_ids: np.ndarray  # int32
+    want_logits: np.ndarray  # int8
+
+    @classmethod
+    def zeros(cls, capacity: int) -> BatchArrays:
+        return cls(*(np.zeros(capacity, dtype=t) for t in (np.int32, np.int32, np.int32, np.int8)))
+
+
 class TokenSampler(Protocol):
     """Per-request sampling state (penalties history, RNG, grammar)."""
 
@@ -77,6 +144,10 @@ class Backend(Protocol):
         """Run one forward pass over the rows and return the logits of rows with want_logits set,
         in row order, shape (n_outputs, n_vocab). The array is only valid until the next decode.
         Raises DecodeError."""
+        ...
+
+    def batch_arrays(self) -> BatchArrays:
+        """Arrays of n_batch rows that decode reads without copying when it is given views of them."""
         ...
 
     def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:

@@ -11,10 +11,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cobali.backends.base import BackendInfo, DecodeError, EmbeddingLimits, TemplateSource
-from cobali.engine.sampling import SamplingParams
+from cobali.backends.base import (
+    BackendInfo,
+    BatchArrays,
+    DecodeError,
+    EmbeddingLimits,
+    SamplingParams,
+    TemplateSource,
+)
 
 EOG_TOKEN = 0
+DEFAULT_SEED = 0
 _FIRST_CHAR = 32  # token t >= 1 renders as chr(31 + t): printable ASCII
 
 
@@ -46,6 +53,10 @@ class FakeBackend:
         )
         self.kv: dict[int, list[int]] = {s: [] for s in range(self.n_seq_max)}
         self.last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)
+        self._arrays = BatchArrays.zeros(self.n_batch)
+
+    def batch_arrays(self) -> BatchArrays:
+        return self._arrays
 
     def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
         call = len(self.batches)
@@ -128,7 +139,8 @@ class FakeSampler:
     def __init__(self, backend: FakeBackend, params: SamplingParams) -> None:
         self.backend = backend
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        # Unseeded requests draw from a fixed seed too: a test run reproduces itself exactly.
+        self.rng = np.random.default_rng(DEFAULT_SEED if params.seed is None else params.seed)
         self.counts = np.zeros(backend.n_vocab, dtype=np.float32)
 
     def sample(self, row: int) -> int:

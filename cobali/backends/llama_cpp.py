@@ -4,40 +4,26 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
 
 import llama_cpp as ll
 import numpy as np
 
 from cobali.backends.base import (
-    LLAMA_CPP_PREFILL_TILE,
     BackendInfo,
+    BatchArrays,
     DecodeError,
     EmbeddingLimits,
+    SamplingParams,
     TemplateSource,
 )
-from cobali.engine.sampling import SamplingParams
+from cobali.backends.embedded_model import embedded_model_path
+from cobali.backends.llama_cpp_config import PREFILL_TILE, LlamaCppConfig
 
 # The embeddings context: tokens one input may have (and one decode may carry), inputs per decode.
 EMBEDDING_CTX = 2048
 EMBEDDING_SEQS = 16
 _DECODE_ERRORS = {1: "no KV slot for the batch (KV cache full)", 2: "decode aborted"}
 _LOG_CALLBACK = None  # keep the ctypes callback alive for the life of the process
-
-
-@dataclass(frozen=True)
-class LlamaCppOptions:
-    model_path: str
-    n_ctx: int = 0  # total KV cells; 0 = 2048 per slot, capped at the model's training context
-    n_seq_max: int = 16
-    n_batch: int = 512
-    n_threads: int = 0  # 0 = all cores
-    kv_unified: bool = False
-    n_gpu_layers: int = -1  # -1 = all layers when the build can offload, else 0
-    # Extra CPU buffer types (AMX, weight repacking) are off: the AMX matmul segfaults on this machine's
-    # CPUs (seen with llama-cpp-python 0.3.36), and with them off prefill still reaches ~300 tok/s.
-    use_extra_bufts: bool = False
-    verbose: bool = False
 
 
 def _silence_logs() -> None:
@@ -47,14 +33,15 @@ def _silence_logs() -> None:
 
 
 class LlamaCppBackend:
-    def __init__(self, options: LlamaCppOptions) -> None:
-        if not os.path.isfile(options.model_path):
-            raise ValueError(f"model file not found: {options.model_path}")
+    def __init__(self, options: LlamaCppConfig) -> None:
+        model_path = options.model_path or embedded_model_path()
+        if not os.path.isfile(model_path):
+            raise ValueError(f"model file not found: {model_path}")
         if not options.verbose:
             _silence_logs()
         ll.llama_backend_init()
         self.options = options
-        self.model = self._load_model(options)
+        self.model = self._load_model(model_path, options)
         self.vocab = ll.llama_model_get_vocab(self.model)
         self.ctx = self._new_context(options)
         self.memory = ll.llama_get_memory(self.ctx)
@@ -67,28 +54,26 @@ class LlamaCppBackend:
             n_batch=ll.llama_n_batch(self.ctx),
             kv_unified=options.kv_unified,
             description=self._describe(options),
-            prefill_tile=LLAMA_CPP_PREFILL_TILE,
+            prefill_tile=PREFILL_TILE,
         )
         self._batch = _OwnedBatch(self.info.n_batch)
         self._pieces: dict[int, bytes] = {}
         self._embedder: _Embedder | None = None
 
     @staticmethod
-    def _load_model(options: LlamaCppOptions):
+    def _load_model(model_path: str, options: LlamaCppConfig):
         params = ll.llama_model_default_params()
         gpu = options.n_gpu_layers
         params.n_gpu_layers = (999 if ll.llama_supports_gpu_offload() else 0) if gpu < 0 else gpu
         params.use_extra_bufts = options.use_extra_bufts
-        model = ll.llama_model_load_from_file(options.model_path.encode(), params)
+        model = ll.llama_model_load_from_file(model_path.encode(), params)
         if not model:
-            raise ValueError(f"could not load a GGUF model from {options.model_path}")
+            raise ValueError(f"could not load a GGUF model from {model_path}")
         return model
 
-    def _new_context(self, options: LlamaCppOptions):
+    def _new_context(self, options: LlamaCppConfig):
         params = ll.llama_context_default_params()
-        train = ll.llama_model_n_ctx_train(self.model)
-        per_seq = min(2048, train)
-        n_ctx = options.n_ctx or per_seq * (1 if options.kv_unified else options.n_seq_max)
+        n_ctx = options.total_cells(ll.llama_model_n_ctx_train(self.model))
         threads = options.n_threads or os.cpu_count() or 1
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = options.n_batch  # one decode = one compute graph
@@ -101,7 +86,7 @@ class LlamaCppBackend:
             raise ValueError(f"could not create a llama.cpp context (n_ctx={n_ctx}, n_seq_max={options.n_seq_max})")
         return ctx
 
-    def _describe(self, options: LlamaCppOptions) -> str:
+    def _describe(self, options: LlamaCppConfig) -> str:
         buf = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self.model, buf, len(buf))
         kv = "unified" if options.kv_unified else "per-sequence streams"
@@ -122,6 +107,9 @@ class LlamaCppBackend:
             return np.zeros((0, self.info.n_vocab), dtype=np.float32)
         # llama_get_logits returns the output rows in batch order; view them without copying.
         return np.ctypeslib.as_array(ll.llama_get_logits(self.ctx), shape=(n_out, self.info.n_vocab))
+
+    def batch_arrays(self) -> BatchArrays:
+        return self._batch.arrays
 
     def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         ll.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
@@ -225,7 +213,7 @@ class _Embedder:
     """An embeddings context: the inputs of one call share decodes (up to EMBEDDING_SEQS sequences and
     EMBEDDING_CTX tokens each), pooled the model's way, or by mean for a generative model that has none."""
 
-    def __init__(self, model, options: LlamaCppOptions) -> None:
+    def __init__(self, model, options: LlamaCppConfig) -> None:
         self.ctx = self._context(model, options, ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
         if ll.llama_pooling_type(self.ctx) == ll.LLAMA_POOLING_TYPE_NONE:
             ll.llama_free(self.ctx)
@@ -234,7 +222,7 @@ class _Embedder:
         self.batch = _OwnedBatch(EMBEDDING_CTX)
 
     @staticmethod
-    def _context(model, options: LlamaCppOptions, pooling: int):
+    def _context(model, options: LlamaCppConfig, pooling: int):
         params = ll.llama_context_default_params()
         params.n_ctx = params.n_batch = params.n_ubatch = EMBEDDING_CTX  # pooling needs a sequence in one ubatch
         params.n_seq_max = EMBEDDING_SEQS
@@ -280,7 +268,7 @@ class _Embedder:
 
 
 class _OwnedBatch:
-    """A llama_batch whose arrays are numpy buffers, so filling it is a few vector copies.
+    """A llama_batch whose arrays are numpy buffers: the engine fills them in place (BatchArrays).
 
     llama_batch_init gives each row its own malloc'd seq_id array, which cannot be filled in one numpy
     operation; here every row's seq_id pointer points into one contiguous int32 array instead.
@@ -288,30 +276,29 @@ class _OwnedBatch:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.token = np.zeros(capacity, dtype=np.int32)
-        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.arrays = a = BatchArrays.zeros(capacity)
         self.n_seq_id = np.ones(capacity, dtype=np.int32)
-        self.seq = np.zeros(capacity, dtype=np.int32)
-        self.logits = np.zeros(capacity, dtype=np.int8)
-        seq_base = self.seq.ctypes.data
+        seq_base = a.seq_ids.ctypes.data
         self.seq_ptrs = (ctypes.POINTER(ll.llama_seq_id) * capacity)(
             *(ctypes.cast(seq_base + 4 * i, ctypes.POINTER(ll.llama_seq_id)) for i in range(capacity))
         )
         self.struct = ll.llama_batch()
-        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(ll.llama_token))
+        self.struct.token = a.tokens.ctypes.data_as(ctypes.POINTER(ll.llama_token))
         self.struct.embd = ctypes.POINTER(ctypes.c_float)()
-        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(ll.llama_pos))
+        self.struct.pos = a.positions.ctypes.data_as(ctypes.POINTER(ll.llama_pos))
         self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         self.struct.seq_id = self.seq_ptrs
-        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.struct.logits = a.want_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
     def fill(self, tokens, positions, seq_ids, want_logits) -> int:
+        """Point the batch at its first n rows, copying only inputs that are not already views of them."""
         n = len(tokens)
         assert 0 < n <= self.capacity, f"batch of {n} rows for a capacity of {self.capacity}"
-        self.token[:n] = tokens
-        self.pos[:n] = positions
-        self.seq[:n] = seq_ids
-        self.logits[:n] = want_logits
+        a = self.arrays
+        for own, given in ((a.tokens, tokens), (a.positions, positions), (a.seq_ids, seq_ids),
+                           (a.want_logits, want_logits)):
+            if not (isinstance(given, np.ndarray) and given.ctypes.data == own.ctypes.data):
+                own[:n] = given
         self.struct.n_tokens = n
         return n
 

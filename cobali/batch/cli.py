@@ -11,14 +11,20 @@ outputs are identical with or without Ray, for any number of workers or threads,
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
+from typing import IO
 
 from tqdm import tqdm
 
-from cobali.batch.jobs import pending_shards, read_jobs, run_shard
-from cobali.options import add_engine_args, build_engine, positive_int
+from cobali.batch.jobs import Shard, drop_cut_line, pending_shards, read_jobs, run_shard
+from cobali.config import EngineSpec
+from cobali.options import add_engine_args, engine_spec, positive_int
+
+# (spec, max_new, shards, output, on_done) -> results written; Ray's runner comes from cobali.cli.
+ShardsRunner = Callable[[EngineSpec, int, Sequence[Shard], IO[str], Callable[[], None] | None], int]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("batch", help="offline generation: prompts JSONL in, results JSONL out (resumable)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(parser)
@@ -28,28 +34,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ray", action="store_true", help="run on Ray workers, one engine each (optional extra)")
     parser.add_argument("--replicas", type=positive_int, default=1, help="Ray workers (with --ray)")
     parser.set_defaults(func=batch_command)
+    return parser
 
 
-def batch_command(args: argparse.Namespace) -> int:
+def run_shards_here(spec: EngineSpec, max_new: int, shards: Sequence[Shard], out: IO[str],
+                    on_done: Callable[[], None] | None = None) -> int:
+    engine = spec.build_engine()
+    try:
+        return sum(run_shard(engine, shard, out, max_new, on_done=on_done) for shard in shards)
+    finally:
+        engine.backend.close()
+
+
+def batch_command(args: argparse.Namespace, run_shards: ShardsRunner = run_shards_here) -> int:
     if args.replicas > 1 and not args.ray:
         raise ValueError("--replicas > 1 needs --ray (one process runs one engine)")
+    spec = engine_spec(args, record_ticks=False)
     jobs = read_jobs(args.input)
     shards = pending_shards(jobs, args.output, args.max_slots)
     todo = sum(len(shard.wanted) for shard in shards)
     print(f"cobali batch: {len(jobs)} prompts, {len(jobs) - todo} already in {args.output}, {todo} to run")
     if not todo:
         return 0
+    drop_cut_line(args.output)
     with open(args.output, "a", encoding="utf-8") as out, \
             tqdm(total=len(jobs), initial=len(jobs) - todo, unit="req", desc="batch") as bar:
-        if args.ray:
-            from cobali.ray.batch import run_shards_on_ray  # Ray is an optional extra: imported only here
-
-            written = run_shards_on_ray(args, shards, out, on_done=bar.update)
-        else:
-            engine = build_engine(args, record_ticks=False)
-            try:
-                written = sum(run_shard(engine, shard, out, args.max_new, on_done=bar.update) for shard in shards)
-            finally:
-                engine.backend.close()
+        written = run_shards(spec, args.max_new, shards, out, bar.update)
     print(f"wrote {written} results to {args.output}")
     return 0

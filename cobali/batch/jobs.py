@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from cobali.batch.driver import Driver, Pending
+from cobali.backends.base import SamplingParams
+from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
 from cobali.engine.request import Request
-from cobali.engine.sampling import SamplingParams
-from cobali.runner import request_record
+from cobali.metrics import request_record
+from cobali.workloads import entry_max_tokens
 
 OUTPUT_FIELDS = ("text", "finish_reason", "prompt_tokens", "output_tokens")
 JobId = str | int | float | bool | None
@@ -59,11 +60,9 @@ def read_jobs(path: str | Path) -> list[Job]:
             raise ValueError(f"{path} line {n}: not JSON ({err})") from None
         if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
             raise ValueError(f"{path} line {n}: expected an object with a string 'prompt'")
-        job_id, max_tokens = entry.get("id", n), entry.get("max_tokens")
+        job_id, max_tokens = entry.get("id", n), entry_max_tokens(entry, f"{path} line {n}")
         if isinstance(job_id, dict | list):
             raise ValueError(f"{path} line {n}: 'id' must be a string or a number")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ValueError(f"{path} line {n}: max_tokens must be a positive integer, got {max_tokens!r}")
         if job_id in seen:
             raise ValueError(f"{path} line {n}: id {job_id!r} appears twice")
         seen.add(job_id)
@@ -71,16 +70,23 @@ def read_jobs(path: str | Path) -> list[Job]:
     return jobs
 
 
+def drop_cut_line(path: str | Path) -> None:
+    """Drop a last line cut short by a kill from the output, so that appending resumes on a clean line."""
+    path = Path(path)
+    if path.is_file():
+        data = path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) != len(data):
+            path.write_bytes(complete)
+
+
 def finished_ids(path: str | Path) -> set[JobId]:
-    """Ids already in the output. A last line cut short by a kill is dropped from the file, so appending
-    resumes on a clean line."""
+    """Ids already in the output; a last line cut short by a kill does not count."""
     path = Path(path)
     if not path.is_file():
         return set()
     data = path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1]
-    if len(complete) != len(data):
-        path.write_bytes(complete)
     ids = set()
     for line in complete.decode("utf-8").splitlines():
         if line.strip():

@@ -9,48 +9,32 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cobali.backends.base import Backend
-from cobali.bench import plots
-from cobali.bench.metrics import latency_samples
+from cobali.bench import fidelity_cli, plots
 from cobali.bench.offline import BenchConfig, LoadOptions, parse_configs, run_configs, sweep_configs
 from cobali.bench.report import (
     add_speedups,
     format_gaps,
     format_table,
     run_summary,
-    write_json,
     write_offline_files,
 )
 from cobali.bench.serve_client import ServeOptions, run_serve
 from cobali.bench.trace import write_trace
-from cobali.bench.workload import arrival_offsets, load_items, random_items
+from cobali.config import build_backend
+from cobali.metrics import latency_samples, write_json
 from cobali.options import (
     add_engine_args,
-    build_backend,
-    engine_config,
-    load_costs,
-    non_negative_int,
-    positive_float,
+    add_load_args,
+    add_random_args,
+    backend_config,
+    engine_spec,
+    file_items,
+    flags_record,
     positive_int,
 )
-from cobali.workloads import WorkItem
+from cobali.workloads import arrival_offsets, load_items, random_items
 
 DEFAULT_CONFIGS = "seq,static,cont"
-
-
-def add_load_args(parser: argparse.ArgumentParser, prompts_required: bool = False) -> None:
-    parser.add_argument("--prompts", required=prompts_required,
-                        help="prompts file (.txt/.jsonl/.json) or a scenario name (e.g. mixed_length)")
-    parser.add_argument("--num-prompts", type=positive_int, default=None,
-                        help="use the first N prompts of the file; the count of random prompts (default 100)")
-    parser.add_argument("--max-new", type=positive_int, default=64, help="max new tokens per request")
-    parser.add_argument("--request-rate", type=positive_float, default=float("inf"),
-                        help="open-loop arrivals per second (default inf: all at once)")
-    parser.add_argument("--burstiness", type=positive_float, default=1.0,
-                        help="gamma shape of inter-arrival times; 1 = Poisson, < 1 burstier")
-    parser.add_argument("--seed", type=non_negative_int, default=0,
-                        help="seed for arrivals and random prompts")
-    parser.add_argument("--out", default=None, help="directory for summary.json, request records and plots")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,13 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="cont-mode grid over max-slots and/or prefill-chunk-tokens (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", help="generate exactly max-new tokens")
     parser.add_argument("--trace", default=None, help="write a Chrome Trace Event JSON (opens in Perfetto)")
-    parser.add_argument("--random-input-len", type=positive_int, default=None, help="random token prompts")
-    parser.add_argument("--random-output-len", type=positive_int, default=None,
-                        help="max new tokens of random prompts (default --max-new)")
-    parser.add_argument("--random-range-ratio", type=float, default=0.0,
-                        help="random lengths uniform in [len*(1-r), len*(1+r)]")
+    add_random_args(parser)
     parser.set_defaults(func=bench_command)
-    nested = parser.add_subparsers(dest="bench_command", metavar="{serve}")
+    nested = parser.add_subparsers(dest="bench_command", metavar="{serve,fidelity}")
     serve = nested.add_parser("serve", help="stream a workload against an OpenAI-compatible /v1/completions")
     serve.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     add_load_args(serve, prompts_required=True)
@@ -79,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="model name to send (default: the first one the server lists)")
     serve.add_argument("--api-key", default=None, help="sent as a Bearer token")
     serve.set_defaults(func=serve_command)
+    fidelity_cli.register(nested)
 
 
 def bench_configs(args: argparse.Namespace) -> list[BenchConfig]:
@@ -89,32 +70,17 @@ def bench_configs(args: argparse.Namespace) -> list[BenchConfig]:
     return parse_configs(args.configs or DEFAULT_CONFIGS, args.max_slots, args.prefill_chunk_tokens)
 
 
-def file_items(args: argparse.Namespace) -> list[WorkItem] | None:
-    """The prompts file's items, or None for a random workload (drawn once the vocabulary is known)."""
-    if args.random_input_len is None:
-        if args.prompts is None:
-            raise ValueError("give --prompts FILE|SCENARIO or --random-input-len N")
-        return load_items(args.prompts, args.num_prompts)
-    if args.prompts is not None:
-        raise ValueError("--prompts and --random-input-len are exclusive")
-    return None
-
-
 def load_options(args: argparse.Namespace, n_items: int) -> LoadOptions:
     offsets = arrival_offsets(n_items, args.request_rate, args.burstiness, args.seed)
     return LoadOptions(args.max_new, args.ignore_eos, args.request_rate, tuple(offsets.tolist()))
 
 
-def shared_backend(args: argparse.Namespace, configs: list[BenchConfig]) -> Backend:
-    """One model load for every config: as many sequences as the largest config uses."""
-    n_slots = max(c.max_slots for c in configs)
-    return build_backend(argparse.Namespace(**{**vars(args), "max_slots": n_slots}))
-
-
-def bench_command(args: argparse.Namespace, backend: Backend | None = None) -> int:
+def bench_command(args: argparse.Namespace) -> int:
     configs = bench_configs(args)
     items = file_items(args)
-    backend = backend or shared_backend(args, configs)
+    spec = engine_spec(args)
+    # One model load for every config: as many sequences as the largest config uses.
+    backend = build_backend(backend_config(args, n_seq_max=max(c.max_slots for c in configs)))
     try:
         if items is None:
             items = random_items(args.num_prompts or 100, args.random_input_len,
@@ -122,8 +88,8 @@ def bench_command(args: argparse.Namespace, backend: Backend | None = None) -> i
                                  backend.info.n_vocab, args.seed)
         print(f"cobali bench: {len(items)} prompts, configs {', '.join(c.name for c in configs)}, "
               f"{backend.info.description}")
-        runs = run_configs(backend, configs, items, engine_config(args), load_options(args, len(items)),
-                           costs=load_costs(args, backend))
+        runs = run_configs(backend, configs, items, spec.engine, load_options(args, len(items)),
+                           costs=spec.load_costs(backend))
         info = asdict(backend.info)
     finally:
         backend.close()
@@ -132,7 +98,7 @@ def bench_command(args: argparse.Namespace, backend: Backend | None = None) -> i
     print(format_gaps(summaries))
     if args.out:
         out = Path(args.out)
-        meta = {"args": _args_dict(args), "backend": info, "prompts": len(items)}
+        meta = {"args": flags_record(args), "backend": info, "prompts": len(items)}
         written = write_offline_files(out, meta, runs, summaries)
         written += plots.write_offline_plots(out, runs, summaries)
         print(f"wrote {len(written)} files to {out}")
@@ -155,15 +121,10 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"{len(errors)} requests failed; first error: {errors[0]}")
     if args.out:
         out = Path(args.out)
-        write_json(out / "summary.json", {"args": _args_dict(args), "runs": summary})
+        write_json(out / "summary.json", {"args": flags_record(args), "runs": summary})
         write_json(out / "requests.json", [r.as_dict() for r in result.records])
         samples = {summary[0]["config"]: latency_samples(r.timing() for r in result.records)}
         plots.throughput_bars(out / "throughput.png", summary)
         plots.latency_cdfs(out / "latency_cdf.png", samples)
         print(f"wrote summary.json, requests.json and plots to {out}")
     return 0 if len(errors) < len(result.records) else 1
-
-
-def _args_dict(args: argparse.Namespace) -> dict:
-    # JSON has no Infinity: the default request rate is written as the string "inf".
-    return {k: "inf" if v == float("inf") else v for k, v in vars(args).items() if k != "func"}

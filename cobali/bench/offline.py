@@ -7,17 +7,16 @@ import dataclasses
 import itertools
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
-from cobali.backends.base import Backend
+from cobali.backends.base import Backend, SamplingParams
 from cobali.engine.budget import CostModel
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.request import Request
-from cobali.engine.sampling import SamplingParams
 from cobali.runner import RunResult, run_workload, user_cpu_seconds
 from cobali.workloads import WorkItem
 
@@ -122,11 +121,13 @@ def run_configs(backend: Backend, configs: Sequence[BenchConfig], items: Sequenc
     return runs
 
 
-def run_open_loop(engine: Engine, items: Sequence[WorkItem], load: LoadOptions,
-                  progress: str | None = None) -> tuple[RunResult, frozenset[int]]:
+def run_open_loop(engine: Engine, items: Sequence[WorkItem], load: LoadOptions, progress: str | None = None,
+                  sleep: Callable[[float], None] = time.sleep) -> tuple[RunResult, frozenset[int]]:
     """Submit each request when its arrival time passes, stepping the engine in between, so TTFT includes
-    the time a request queues behind the ones already running."""
-    cpu0, wall0 = user_cpu_seconds(), time.perf_counter()
+    the time a request queues behind the ones already running. Time is the engine's clock; `sleep` waits
+    on it (a simulated clock passes its own)."""
+    clock = engine.clock
+    cpu0, wall0 = user_cpu_seconds(), clock()
     arrivals = [wall0 + t for t in load.arrival_offsets]
     requests: list[Request] = []
     pending: list[Request] = []
@@ -134,7 +135,7 @@ def run_open_loop(engine: Engine, items: Sequence[WorkItem], load: LoadOptions,
     bar = tqdm(total=len(items), desc=progress, unit="req", leave=False, disable=progress is None)
     try:
         while len(requests) < len(items) or engine.has_work:
-            now = time.perf_counter()
+            now = clock()
             while len(requests) < len(items) and arrivals[len(requests)] <= now:
                 item = items[len(requests)]
                 max_tokens = item.max_tokens or load.max_new
@@ -147,11 +148,11 @@ def run_open_loop(engine: Engine, items: Sequence[WorkItem], load: LoadOptions,
             elif len(requests) < len(items):
                 # Nothing to run: the host gap until the next tick is waiting, not overhead.
                 idle_after.add(len(engine.ticks) - 1)
-                time.sleep(max(0.0, arrivals[len(requests)] - time.perf_counter()))
+                sleep(max(0.0, arrivals[len(requests)] - clock()))
             still = [r for r in pending if not r.is_finished]
             bar.update(len(pending) - len(still))
             pending = still
     finally:
         bar.close()
-    wall = time.perf_counter() - wall0
+    wall = clock() - wall0
     return RunResult(requests, wall, user_cpu_seconds() - cpu0, list(engine.ticks)), frozenset(idle_after)

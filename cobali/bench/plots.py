@@ -12,11 +12,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from cobali.bench.metrics import latency_samples, request_timing
 from cobali.bench.offline import BenchRun
 from cobali.bench.report import gaps_ms
 from cobali.engine.engine import TickRecord
-from cobali.engine.scheduler import ChunkKind
+from cobali.engine.plan import ChunkKind
+from cobali.metrics import latency_samples, request_timing
 
 COLOURS = {ChunkKind.PREFILL: ("tab:orange", "peru"), ChunkKind.DECODE: ("tab:blue", "steelblue")}
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import csv
 import itertools
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from cobali.bench.metrics import LATENCIES, percentile_stats
 from cobali.bench.offline import BenchRun
 from cobali.engine.engine import TickRecord
-from cobali.runner import request_record
+from cobali.metrics import LATENCIES, percentile_stats, request_record, write_json
 
 # (header, summary key, format); a missing or None value prints as "-".
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -97,12 +95,6 @@ def tick_rows(ticks: Sequence[TickRecord]) -> list[dict]:
             "n_running": t.n_running, "n_waiting": t.n_waiting,
         })
     return rows
-
-
-def write_json(path: Path, data: object) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
-    return path
 
 
 def write_ticks_csv(path: Path, ticks: Sequence[TickRecord]) -> Path:

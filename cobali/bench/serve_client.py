@@ -14,10 +14,9 @@ from urllib.parse import urlsplit
 import httpx
 from tqdm import tqdm
 
-from cobali.bench.metrics import RequestTiming, summarize_timings, timing_from_times
-from cobali.bench.workload import arrival_offsets
+from cobali.metrics import RequestTiming, summarize_timings, timing_from_times
 from cobali.runner import user_cpu_seconds
-from cobali.workloads import WorkItem
+from cobali.workloads import WorkItem, arrival_offsets
 
 
 @dataclass(frozen=True)

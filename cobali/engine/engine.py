@@ -10,16 +10,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cobali.backends.base import Backend, DecodeError
+from cobali.backends.base import Backend, DecodeError, SamplingParams
 from cobali.engine.budget import CostModel, tick_budget
 from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
+from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, Plan, TrimSlot
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
-from cobali.engine.sampling import RowSampler, SamplingParams, token_logprob
-from cobali.engine.scheduler import Plan, Scheduler
+from cobali.engine.sampling import RowSampler, token_logprob
+from cobali.engine.scheduler import Scheduler
 
 # Called after every sampled token and at finish: (request, text delta). Runs on the engine thread.
 TokenCallback = Callable[[Request, str], None]
@@ -81,11 +82,12 @@ class Engine:
         self.config = config = config or EngineConfig()
         if config.n_batch > backend.info.n_batch:
             raise ValueError(f"n_batch {config.n_batch} exceeds the backend's {backend.info.n_batch}")
-        self.slots = SlotPool(backend, config.max_slots, prefix_cache=config.prefix_cache)
+        self.slots = SlotPool(backend.info, config.max_slots, prefix_cache=config.prefix_cache)
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
             budget=tick_budget(config.n_batch, config.itl_target_ms, costs, backend.info.prefill_tile),
+            prefill_tile=backend.info.prefill_tile,
         )
         self.sampler = RowSampler(backend)
         self.eog = backend.eog_mask()
@@ -98,11 +100,7 @@ class Engine:
         # Other threads hand over work through these; deque append/popleft are atomic.
         self._inbox: deque[Request] = deque()
         self._aborts: deque[int] = deque()
-        n = config.n_batch
-        self._tokens = np.zeros(n, dtype=np.int32)
-        self._positions = np.zeros(n, dtype=np.int32)
-        self._seq_ids = np.zeros(n, dtype=np.int32)
-        self._want = np.zeros(n, dtype=np.int8)
+        self._batch = backend.batch_arrays()  # filled in place: decode reads these very arrays
 
     # ---- submitting -------------------------------------------------------------------------------
 
@@ -151,6 +149,7 @@ class Engine:
         start = self.clock()
         self._take_submissions(start)
         plan = self.scheduler.schedule()
+        self._run_kv_ops(plan.kv_ops)
         if plan.is_empty:
             self._fail_unrunnable_head(start)
             return None
@@ -158,7 +157,8 @@ class Engine:
         n_running, n_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         decode_start = self.clock()
         try:
-            logits = self.backend.decode(self._tokens[:n], self._positions[:n], self._seq_ids[:n], self._want[:n])
+            b = self._batch
+            logits = self.backend.decode(b.tokens[:n], b.positions[:n], b.seq_ids[:n], b.want_logits[:n])
         except DecodeError as err:
             decode_end = self.clock()
             self._recover(plan, err, decode_end)
@@ -188,18 +188,31 @@ class Engine:
             head = self.scheduler.waiting[0]
             self._finish(head, FinishReason.ERROR, now, "the request does not fit in the KV cache")
 
+    def _run_kv_ops(self, ops: tuple[KvOp, ...]) -> None:
+        for op in ops:
+            match op:
+                case ClearSlot(slot):
+                    self.backend.remove_seq(slot)
+                case TrimSlot(slot, keep):
+                    self.backend.remove_seq(slot, keep, -1)
+                case CopyPrefix(source, slot, n_tokens):
+                    # The whole sequence, then its tail dropped: llama.cpp copies between per-sequence
+                    # streams only whole.
+                    self.backend.copy_seq(source, slot, 0, -1)
+                    self.backend.remove_seq(slot, n_tokens, -1)
+
     def _fill_batch(self, plan: Plan, now: float) -> int:
-        row = 0
+        b, row = self._batch, 0
         for chunk in plan.rows:
             request = self.requests[chunk.request_id]
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
             end = row + chunk.n_tokens
-            self._tokens[row:end] = request.tokens_to_feed(chunk.n_tokens)
-            self._positions[row:end] = np.arange(chunk.start, chunk.end, dtype=np.int32)
-            self._seq_ids[row:end] = chunk.slot
-            self._want[row:end] = wants_prompt_logits(request, chunk.start)
-            self._want[end - 1] |= chunk.samples
+            b.tokens[row:end] = request.tokens_to_feed(chunk.n_tokens)
+            b.positions[row:end] = np.arange(chunk.start, chunk.end, dtype=np.int32)
+            b.seq_ids[row:end] = chunk.slot
+            b.want_logits[row:end] = wants_prompt_logits(request, chunk.start)
+            b.want_logits[end - 1] |= chunk.yields_token
             row = end
         return row
 
@@ -218,14 +231,14 @@ class Engine:
         picks, row, out = [], 0, 0  # out: rows of `logits` used so far
         for chunk in plan.rows:
             request = self.requests[chunk.request_id]
-            request.prefill_cursor += chunk.n_tokens
+            request.computed_tokens += chunk.n_tokens
             row += chunk.n_tokens
             if wants_prompt_logits(request, chunk.start):
                 record_prompt_logprobs(request, chunk.start, logits[out:out + chunk.n_tokens])
                 out += chunk.n_tokens
-            elif chunk.samples:
+            elif chunk.yields_token:
                 out += 1
-            if chunk.samples:
+            if chunk.yields_token:
                 picks.append((request.id, request.params, row - 1, out - 1))
         tokens, failures = self.sampler.sample(logits, picks)
         for (request_id, params, _, out_row), token in zip(picks, tokens, strict=True):

@@ -1,6 +1,8 @@
 """KV memory on the host side: slots (backend sequence ids), block accounting, and prefix reuse.
 
-A slot is one backend sequence. With per-sequence streams (llama.cpp's default here) each slot owns
+A slot is one backend sequence. The pool only decides: what must happen to a slot's KV (cleared, trimmed to a
+prefix, filled with another slot's prefix) is recorded as KvOps, which the scheduler puts in the tick's plan
+and the engine runs before the decode. With per-sequence streams (llama.cpp's default here) each slot owns
 n_ctx_seq cells and no slot can take another's; with a unified KV all slots draw on one pool of n_ctx
 cells, and the accountant is what keeps the pool from running dry.
 """
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cobali.backends.base import Backend, BackendInfo
+from cobali.backends.base import BackendInfo
+from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, TrimSlot
 
 BLOCK_TOKENS = 16
 
@@ -39,10 +42,6 @@ class KvAccountant:
     @property
     def free_blocks(self) -> int:
         return self.total_blocks - self.used_blocks
-
-    @property
-    def usage(self) -> float:
-        return self.used_blocks / self.total_blocks if self.total_blocks else 0.0
 
     def fits_ever(self, n_tokens: int) -> bool:
         return n_tokens <= self.seq_limit
@@ -85,17 +84,17 @@ class SlotPool:
     """Free slots in least-recently-released order. With prefix caching a released slot keeps its KV
     until it is reused or evicted, and a new request starts from the longest cached prefix it shares."""
 
-    def __init__(self, backend: Backend, max_slots: int, prefix_cache: bool = False,
+    def __init__(self, info: BackendInfo, max_slots: int, prefix_cache: bool = False,
                  min_reuse_tokens: int = BLOCK_TOKENS) -> None:
-        if not 1 <= max_slots <= backend.info.n_seq_max:
-            raise ValueError(f"max_slots must be in [1, {backend.info.n_seq_max}], got {max_slots}")
-        self.backend = backend
+        if not 1 <= max_slots <= info.n_seq_max:
+            raise ValueError(f"max_slots must be in [1, {info.n_seq_max}], got {max_slots}")
         self.max_slots = max_slots
         self.prefix_cache = prefix_cache
         self.min_reuse_tokens = min_reuse_tokens
-        self.accountant = KvAccountant(backend.info, max_slots)
+        self.accountant = KvAccountant(info, max_slots)
         self._free: deque[int] = deque(range(max_slots))
         self._cached: dict[int, np.ndarray] = {}  # free slot -> tokens its KV still holds
+        self._ops: list[KvOp] = []  # decided, not yet run by the engine
         self.queried_tokens = 0
         self.hit_tokens = 0
 
@@ -103,9 +102,10 @@ class SlotPool:
     def n_free(self) -> int:
         return len(self._free)
 
-    @property
-    def n_used(self) -> int:
-        return self.max_slots - len(self._free)
+    def take_kv_ops(self) -> tuple[KvOp, ...]:
+        """The KV operations decided since the last call, in order; the caller must run them all."""
+        ops, self._ops = tuple(self._ops), []
+        return ops
 
     def can_assign(self) -> bool:
         return bool(self._free)
@@ -129,12 +129,11 @@ class SlotPool:
         if source is not None and source in self._free:
             slot = source  # the prefix is already in this very slot: keep it, drop the rest
             self._free.remove(slot)
-            self.backend.remove_seq(slot, reused, -1)
+            self._ops.append(TrimSlot(slot, reused))
         else:
             slot = self._take_fresh()
             if source is not None:
-                self.backend.copy_seq(source, slot, 0, -1)
-                self.backend.remove_seq(slot, reused, -1)
+                self._ops.append(CopyPrefix(source, slot, reused))
         self._cached.pop(slot, None)
         self.hit_tokens += reused
         return Assignment(slot, reused)
@@ -183,4 +182,4 @@ class SlotPool:
     def _clear(self, slot: int) -> None:
         self._cached.pop(slot, None)
         self.accountant.drop(slot)
-        self.backend.remove_seq(slot)
+        self._ops.append(ClearSlot(slot))

@@ -8,12 +8,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from cobali.engine.request import Request
-
-if TYPE_CHECKING:
-    from cobali.engine.scheduler import TickBuilder
 
 MODES = ("seq", "static", "cont")
 BATCH_POLICIES = ("decode-max", "prefill-first", "balanced")
@@ -80,10 +77,26 @@ def admission_for_mode(mode: str, prefill_chunk_tokens: int) -> AdmissionPolicy:
     raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
 
 
+class TickComposer(Protocol):
+    """The steps a batch policy orders: one tick's batch under construction (cobali.engine.tick.TickBuilder)."""
+
+    budget: int  # tokens left this tick
+
+    @property
+    def is_empty(self) -> bool: ...
+
+    @property
+    def has_prefill_work(self) -> bool: ...
+
+    def add_decodes(self, limit: int | None = None) -> None: ...
+
+    def add_prefills(self) -> None: ...
+
+
 class BatchPolicy(Protocol):
     name: str
 
-    def compose(self, tick: TickBuilder) -> None: ...
+    def compose(self, tick: TickComposer) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -92,7 +105,7 @@ class DecodeMax:
 
     name: str = "decode-max"
 
-    def compose(self, tick: TickBuilder) -> None:
+    def compose(self, tick: TickComposer) -> None:
         tick.add_decodes()
         tick.add_prefills()
 
@@ -103,7 +116,7 @@ class PrefillFirst:
 
     name: str = "prefill-first"
 
-    def compose(self, tick: TickBuilder) -> None:
+    def compose(self, tick: TickComposer) -> None:
         tick.add_prefills()
         if tick.is_empty:
             tick.add_decodes()
@@ -117,7 +130,7 @@ class Balanced:
     prefill_share: float = 0.5
     name: str = "balanced"
 
-    def compose(self, tick: TickBuilder) -> None:
+    def compose(self, tick: TickComposer) -> None:
         reserved = int(tick.budget * self.prefill_share) if tick.has_prefill_work else 0
         tick.add_decodes(limit=tick.budget - reserved)
         tick.add_prefills()

@@ -6,7 +6,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from cobali.engine.sampling import SamplingParams, TokenLogprob
+from cobali.backends.base import SamplingParams
+from cobali.engine.sampling import TokenLogprob
 
 
 class RequestState(enum.Enum):
@@ -49,7 +50,7 @@ class Request:
     priority: int = 0
     state: RequestState = RequestState.PENDING
     output_tokens: list[int] = field(default_factory=list)
-    prefill_cursor: int = 0  # tokens of prompt+output already in KV; == position of the next token
+    computed_tokens: int = 0  # tokens of prompt+output already in KV, so also the position of the next token
     slot: int | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -77,10 +78,10 @@ class Request:
     @property
     def uncached_tokens(self) -> int:
         """Tokens not yet in KV: the whole prompt at first, 1 (the last sampled token) while decoding."""
-        return self.n_context_tokens - self.prefill_cursor
+        return self.n_context_tokens - self.computed_tokens
 
     def tokens_to_feed(self, n: int) -> list[int]:
-        start = self.prefill_cursor
+        start = self.computed_tokens
         if start >= len(self.prompt_tokens):
             return self.output_tokens[start - len(self.prompt_tokens) : start - len(self.prompt_tokens) + n]
         return self.all_tokens[start : start + n]

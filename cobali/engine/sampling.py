@@ -1,74 +1,14 @@
-"""Sampling parameters, and sampling every request of a batch at its row."""
+"""Sampling every request of a batch at its row, and the logprobs of what was sampled."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from cobali.backends.base import Backend, TokenSampler
-
-MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default max_logprobs
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling and stopping. Validated on construction: bad values raise ValueError."""
-
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    grammar: str | None = None
-    logprobs: int | None = None  # report each sampled token's logprob and this many top alternatives
-    prompt_logprobs: int | None = None  # also each prompt token's logprob (after the first), with alternatives
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit before sampling)
-
-    def __post_init__(self) -> None:
-        _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                     "frequency_penalty"):
-            _check(math.isfinite(getattr(self, name)), f"{name} must be a finite number")
-        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
-        _check(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
-        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
-        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
-        _check(self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        _check(self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
-        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-               f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
-               f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
-        _check(all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite")
-
-    @property
-    def is_greedy(self) -> bool:
-        """Greedy rows are sampled by one vectorized argmax; anything that reshapes logits needs a chain."""
-        return (
-            (self.temperature == 0 or self.top_k == 1)
-            and self.repetition_penalty == 1.0
-            and self.presence_penalty == 0.0
-            and self.frequency_penalty == 0.0
-            and self.grammar is None
-            and not self.logit_bias
-        )
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
+    from cobali.backends.base import Backend, SamplingParams, TokenSampler
 
 @dataclass(frozen=True)
 class TokenLogprob:

@@ -4,7 +4,6 @@ loses at most the shards in flight and a rerun resumes."""
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from collections.abc import Callable, Sequence
@@ -15,7 +14,7 @@ import ray
 import ray.data
 
 from cobali.batch.jobs import Job, Shard, run_shard
-from cobali.options import build_engine
+from cobali.config import EngineSpec
 
 
 def shard_to_json(shard: Shard) -> str:
@@ -30,10 +29,9 @@ def shard_from_json(text: str) -> Shard:
 class ShardRunner:
     """One engine per actor; each call runs a batch of shards and returns their JSONL results."""
 
-    def __init__(self, flags: dict) -> None:
-        args = argparse.Namespace(**flags)
-        self.max_new = args.max_new
-        self.engine = build_engine(args, record_ticks=False)
+    def __init__(self, spec: EngineSpec, max_new: int) -> None:
+        self.max_new = max_new
+        self.engine = spec.build_engine()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
         results = []
@@ -44,16 +42,15 @@ class ShardRunner:
         return {"lines": results}
 
 
-def run_shards_on_ray(args: argparse.Namespace, shards: Sequence[Shard], out: IO[str],
+def run_shards_on_ray(replicas: int, spec: EngineSpec, max_new: int, shards: Sequence[Shard], out: IO[str],
                       on_done: Callable[[], None] | None = None) -> int:
     if not ray.is_initialized():
         # A local cluster unless RAY_ADDRESS points at one.
         ray.init(include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().execution_options.preserve_order = False  # write shards as they finish
-    flags = {k: v for k, v in vars(args).items() if k != "func"}
     dataset = ray.data.from_items([{"shard": shard_to_json(s)} for s in shards], override_num_blocks=len(shards))
-    results = dataset.map_batches(ShardRunner, fn_constructor_kwargs={"flags": flags}, batch_size=1,
-                                  concurrency=args.replicas, num_cpus=max(1, args.threads))
+    results = dataset.map_batches(ShardRunner, fn_constructor_kwargs={"spec": spec, "max_new": max_new},
+                                  batch_size=1, concurrency=replicas, num_cpus=max(1, spec.backend.n_threads))
     written = 0
     for row in results.iter_rows():
         lines = row["lines"].splitlines()

@@ -48,7 +48,7 @@ class LeastBusy:
 
 
 @dataclass(frozen=True)
-class Reply:
+class JsonReply:
     status: int
     body: bytes
 
@@ -81,7 +81,7 @@ class Relay(Response):
             await unavailable(f"replica {index} did not answer").response()(scope, receive, send)
 
 
-async def _fetch(engine: EngineClient, request: HTTPRequest) -> Reply | None:
+async def _fetch(engine: EngineClient, request: HTTPRequest) -> JsonReply | None:
     """A whole response from one replica; None if the replica could not be reached."""
     status, chunks = 0, []
     try:
@@ -93,7 +93,7 @@ async def _fetch(engine: EngineClient, request: HTTPRequest) -> Reply | None:
     except Exception as err:
         log.warning("a replica did not answer %s: %s", request.path, err)
         return None
-    return Reply(status, b"".join(chunks)) if status else None
+    return JsonReply(status, b"".join(chunks)) if status else None
 
 
 async def _incoming(http: Request) -> HTTPRequest:
@@ -108,7 +108,7 @@ def gateway_app(engines: Sequence[EngineClient], max_body_bytes: int) -> FastAPI
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # refused here, before it travels to a replica
 
-    async def ask_all(http: Request) -> list[Reply | None]:
+    async def ask_all(http: Request) -> list[JsonReply | None]:
         request = await _incoming(http)
         return await asyncio.gather(*(_fetch(engine, request) for engine in engines))
 
@@ -144,7 +144,7 @@ def gateway_app(engines: Sequence[EngineClient], max_body_bytes: int) -> FastAPI
     return app
 
 
-def _health_state(reply: Reply | None) -> str:
+def _health_state(reply: JsonReply | None) -> str:
     if reply is None:
         return "unreachable"
     if reply.status == 200:

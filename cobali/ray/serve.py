@@ -25,10 +25,13 @@ from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 from starlette.types import Message
 
-from cobali.options import engine_config
+from cobali.config import EngineSpec
+from cobali.options import engine_spec
 from cobali.ray.asgi import HTTPRequest, call_app
 from cobali.ray.gateway import gateway_app
+from cobali.server.config import ServerConfig
 from cobali.server.engine_thread import EngineState
+from cobali.server.flags import add_serve_args, server_config
 from cobali.server.serve import build_app, configure_logging
 
 log = logging.getLogger("cobali.server")
@@ -40,9 +43,9 @@ HEADROOM = 16  # calls an engine takes beyond its queue limit, so /health, /metr
 class EngineReplica:
     """One engine: the single server's app, with its engine thread, run in-process per request."""
 
-    async def __init__(self, flags: dict) -> None:
+    async def __init__(self, spec: EngineSpec, settings: ServerConfig) -> None:
         configure_logging()  # a fresh process: Ray only sets up its own loggers
-        self.app = build_app(argparse.Namespace(**flags))
+        self.app = build_app(spec, settings)
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # starts the engine thread, which loads the model
         self._thread = self.app.state.server.engine_thread
@@ -93,56 +96,56 @@ class Gateway:
         return gateway_app(self._engines, self._max_body_bytes)
 
 
-def cpus_per_replica(args: argparse.Namespace) -> int:
-    return args.threads or 1
+def cpus_per_replica(spec: EngineSpec) -> int:
+    return spec.backend.n_threads or 1
 
 
-def build_application(args: argparse.Namespace) -> Application:
-    flags = {k: v for k, v in vars(args).items() if k != "func"}
+def build_application(spec: EngineSpec, settings: ServerConfig) -> Application:
     # Ray must not queue in front of an engine: beyond slots + --max-queue its app answers 429 itself.
-    per_engine = args.max_slots + args.max_queue + HEADROOM
-    engine = EngineReplica.options(max_ongoing_requests=per_engine, graceful_shutdown_timeout_s=args.shutdown_grace,
-                                   ray_actor_options={"num_cpus": cpus_per_replica(args)},
+    per_engine = spec.engine.max_slots + settings.max_queue + HEADROOM
+    engine = EngineReplica.options(max_ongoing_requests=per_engine,
+                                   graceful_shutdown_timeout_s=settings.shutdown_grace_s,
+                                   ray_actor_options={"num_cpus": cpus_per_replica(spec)},
                                    max_constructor_retry_count=1)  # a model that fails to load fails again
-    engines = [engine.options(name=f"cobali-engine-{i}").bind(flags) for i in range(args.replicas)]
-    return Gateway.options(max_ongoing_requests=args.replicas * per_engine).bind(engines, args.max_body_bytes)
+    engines = [engine.options(name=f"cobali-engine-{i}").bind(spec, settings) for i in range(settings.replicas)]
+    return Gateway.options(max_ongoing_requests=settings.replicas * per_engine).bind(engines, settings.max_body_bytes)
 
 
 def build(options: dict[str, str]) -> Application:
     """For `serve run cobali.ray.serve:build key=value ...`: the keys are `cobali serve`'s flags (max-slots=8,
     kv-unified=true); --host and --port are Ray Serve's own (serve run --address, the HTTP options)."""
-    from cobali.cli import build_parser
-
-    argv = ["serve"]
+    argv = []
     for key, value in options.items():
         argv.append(f"--{key.replace('_', '-')}")
         if str(value).lower() != "true":  # a bare switch
             argv.append(str(value))
-    args = build_parser().parse_args(argv)
-    engine_config(args)
-    return build_application(args)
+    parser = argparse.ArgumentParser(prog="cobali.ray.serve:build")
+    add_serve_args(parser)
+    args = parser.parse_args(argv)
+    return build_application(engine_spec(args), server_config(args))
 
 
-def serve_replicas(args: argparse.Namespace) -> int:
-    engine_config(args)  # bad flag combinations fail here, before a cluster starts
+def serve_replicas(spec: EngineSpec, settings: ServerConfig) -> int:
+    """Bad flag combinations failed when the configs were built, before a cluster starts."""
     configure_logging()
-    local = args.ray_address is None
+    local = settings.ray_address is None
     if local:
         ray.init(address="local", include_dashboard=False)  # the endpoint has its own /metrics
     else:
-        ray.init(address=args.ray_address)
+        ray.init(address=settings.ray_address)
     try:
-        needed, available = args.replicas * cpus_per_replica(args), ray.cluster_resources().get("CPU", 0)
+        each = cpus_per_replica(spec)
+        needed, available = settings.replicas * each, ray.cluster_resources().get("CPU", 0)
         if local and needed > available:  # Ray would wait for CPUs forever
-            raise ValueError(f"--replicas {args.replicas} need {needed} CPUs ({cpus_per_replica(args)} each, "
+            raise ValueError(f"--replicas {settings.replicas} need {needed} CPUs ({each} each, "
                              f"from --threads); this machine has {available:g}")
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": settings.host, "port": settings.port})
         try:
-            serve.run(build_application(args), name=APP_NAME, route_prefix="/")
+            serve.run(build_application(spec, settings), name=APP_NAME, route_prefix="/")
         except RuntimeError as err:  # an engine failed to start (its error is in the message)
             log.error("exiting: %s", err)
             return 1
-        log.info("serving on http://%s:%d: %d replicas", args.host, args.port, args.replicas)
+        log.info("serving on http://%s:%d: %d replicas", settings.host, settings.port, settings.replicas)
         _wait_for_signal()
         return 0
     finally:

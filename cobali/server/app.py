@@ -14,9 +14,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from cobali.engine.engine import Engine
 from cobali.server import chat, embeddings, openai_routes, responses
+from cobali.server.config import DEFAULT_MAX_BODY_BYTES
 from cobali.server.engine_thread import EngineThread, EngineUnavailable, QueueFull
 from cobali.server.errors import APIError, install_error_handlers, unavailable
-from cobali.server.flags import DEFAULT_MAX_BODY_BYTES
 from cobali.server.limits import BodyLimit
 from cobali.server.metrics import ServerMetrics
 from cobali.server.state import ServerContext
@@ -93,7 +93,7 @@ def slot_table(engine: Engine) -> list[dict]:
             "state": request.state.value if request else "idle",
             "n_prompt_tokens": len(request.prompt_tokens) if request else 0,
             "n_decoded": len(request.output_tokens) if request else 0,
-            "n_ctx_used": request.prefill_cursor if request else 0,
+            "n_ctx_used": request.computed_tokens if request else 0,
         })
     return rows
 

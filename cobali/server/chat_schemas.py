@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from cobali.engine.sampling import MAX_LOGPROBS
+from cobali.backends.base import MAX_LOGPROBS
 from cobali.server.grammar import check_json_schema, tool_call_grammar
 from cobali.server.schemas import Body, GenerationRequest, one_of
 

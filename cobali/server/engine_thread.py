@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple, Protocol
 
+from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.engine.request import FinishReason, Request
-from cobali.engine.sampling import SamplingParams
 
 log = logging.getLogger("cobali.server")
 

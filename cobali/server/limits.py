@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cobali.server.config import DEFAULT_MAX_BODY_BYTES
 from cobali.server.errors import APIError
-from cobali.server.flags import DEFAULT_MAX_BODY_BYTES
 
 # Beyond this much discarded body, the connection is simply dropped: reading on would be a free sink.
 DRAIN_LIMIT_BYTES = 256 * 1024 * 1024

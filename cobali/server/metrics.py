@@ -11,10 +11,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from cobali.bench.metrics import request_timing
 from cobali.engine.engine import Engine, TickRecord
 from cobali.engine.request import FinishReason, Request
 from cobali.engine.scheduler import Scheduler
+from cobali.metrics import request_timing
 
 log = logging.getLogger("cobali.server")
 prometheus_client.disable_created_metrics()  # process-wide; the *_created series only add noise (as vLLM)
@@ -65,7 +65,9 @@ class ServerMetrics:
         self.running.set_function(lambda: len(scheduler.running))
         self.waiting.set_function(lambda: len(scheduler.waiting))
         n_ctx = engine.backend.info.n_ctx
-        self.kv_usage.set_function(lambda: sum(r.prefill_cursor for r in list(scheduler.running)) / n_ctx)
+        # Cells the running requests fill; cached prefixes in free slots are reclaimable and not counted, so
+        # an idle server reads 0 (the KV accountant's blocks also count reservations and cached prefixes).
+        self.kv_usage.set_function(lambda: sum(r.computed_tokens for r in list(scheduler.running)) / n_ctx)
 
     def _on_tick(self, record: TickRecord) -> None:
         self.iteration_tokens.observe(record.plan.n_tokens)

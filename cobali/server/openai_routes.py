@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
-from cobali.engine.sampling import SamplingParams
 from cobali.server.engine_thread import EngineUnavailable, Generation
 from cobali.server.errors import APIError, bad_request, unavailable
 from cobali.server.logprobs import LogprobWriter

@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from cobali.engine.sampling import MAX_LOGPROBS, SamplingParams
+from cobali.backends.base import MAX_LOGPROBS, SamplingParams
 from cobali.server.grammar import JSON_OBJECT_GRAMMAR, check_json_schema, json_schema_grammar
 
 # Choices per HTTP request (prompts x n): each is an engine request holding a slot, and one client should

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 from collections.abc import Callable
@@ -12,10 +11,11 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from cobali.model import embedded_model_path
-from cobali.options import build_engine, engine_config
+from cobali.backends.embedded_model import embedded_model_path
+from cobali.config import EngineSpec
 from cobali.server.app import create_app
 from cobali.server.chat_template import JinjaChatTemplate
+from cobali.server.config import ServerConfig
 from cobali.server.engine_thread import EngineThread
 
 log = logging.getLogger("cobali.server")
@@ -39,26 +39,26 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def build_app(args: argparse.Namespace) -> FastAPI:
-    """The server's app from its flags; each Ray Serve replica hosts one too (cobali.ray.serve)."""
-    model_name = args.served_model_name or Path(args.model or embedded_model_path()).stem
-    if args.chat_template is not None:
-        JinjaChatTemplate(args.chat_template)  # a template that does not compile fails here, not per request
-    return create_app(lambda: build_engine(args), model_name, args.max_queue, args.api_key, args.max_body_bytes,
-                      args.chat_template)
+def build_app(spec: EngineSpec, server: ServerConfig) -> FastAPI:
+    """The server's app from its configs; each Ray Serve replica hosts one too (cobali.ray.serve)."""
+    model_name = server.served_model_name or Path(spec.backend.model_path or embedded_model_path()).stem
+    if server.chat_template is not None:
+        JinjaChatTemplate(server.chat_template)  # a template that does not compile fails here, not per request
+    return create_app(spec.build_engine, model_name, server.max_queue, server.api_key, server.max_body_bytes,
+                      server.chat_template)
 
 
-def serve(args: argparse.Namespace) -> int:
-    engine_config(args)  # most bad flag combinations fail here, before the port is bound; the rest at load
+def serve(spec: EngineSpec, settings: ServerConfig) -> int:
+    """Bad flag combinations failed when the configs were built, before the port is bound; the rest at load."""
     configure_logging()
 
-    app = build_app(args)
+    app = build_app(spec, settings)
     thread: EngineThread = app.state.server.engine_thread
     # The engine aborts what is left when the grace period ends, and the clients get a 503; uvicorn's own
     # timeout, which cancels handlers outright, is only a backstop.
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                            timeout_graceful_shutdown=args.shutdown_grace + 5)
-    server = DrainingServer(config, on_exit=lambda: thread.drain(args.shutdown_grace))
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=settings.shutdown_grace_s + 5)
+    server = DrainingServer(config, on_exit=lambda: thread.drain(settings.shutdown_grace_s))
     load_errors: list[str] = []
 
     def load_failed(message: str) -> None:
@@ -69,7 +69,8 @@ def serve(args: argparse.Namespace) -> int:
     # uvicorn re-raises the SIGTERM it caught once its shutdown is done, under the handler it found: make
     # that a no-op, since by then the shutdown was graceful and the exit status should be 0.
     signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
-    log.info("serving %s on http://%s:%d (loading the model)", app.state.server.model_name, args.host, args.port)
+    log.info("serving %s on http://%s:%d (loading the model)", app.state.server.model_name, settings.host,
+             settings.port)
     server.run()
     if load_errors:
         log.error("exiting: %s", load_errors[0])

@@ -17,17 +17,24 @@ from pathlib import Path
 
 import numpy as np
 
-from cobali.bench.cli import add_load_args, file_items, positive_float
-from cobali.bench.report import write_json
-from cobali.bench.workload import arrival_offsets, random_items
 from cobali.costs import load_profile, resolve_profile
-from cobali.options import add_engine_args, engine_config, positive_int
-from cobali.runner import MODES, format_summary
+from cobali.engine.policies import MODES
+from cobali.metrics import format_summary, write_json
+from cobali.options import (
+    add_engine_args,
+    add_load_args,
+    add_random_args,
+    backend_config,
+    engine_config,
+    file_items,
+    flags_record,
+    positive_float,
+    positive_int,
+)
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimResult, SimSpec, simulate
 from cobali.sim.plan import Trial, plan_replicas
-
-PER_SEQ_CTX = 2048  # llama.cpp's cells per sequence when --ctx is 0 (LlamaCppBackend's default)
+from cobali.workloads import arrival_offsets, random_items
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,11 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_engine_args(parser)  # includes --profile (a path or a bundled name: cpu-2core-smollm2, h100-llama-8b)
     add_load_args(parser)
     parser.add_argument("--mode", choices=MODES, default="cont", help="scheduling mode")
-    parser.add_argument("--random-input-len", type=positive_int, default=None, help="random token prompts")
-    parser.add_argument("--random-output-len", type=positive_int, default=None,
-                        help="output tokens of random prompts (default --max-new)")
-    parser.add_argument("--random-range-ratio", type=float, default=0.0,
-                        help="random lengths uniform in [len*(1-r), len*(1+r)]")
+    add_random_args(parser)
     parser.add_argument("--chars-per-token", type=positive_float, default=None,
                         help="text prompts: characters per simulated token (default: the profile's, "
                              "measured from the model's tokenizer by calibrate; 4 if it has none)")
@@ -54,11 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def sim_spec(args: argparse.Namespace) -> SimSpec:
-    n_ctx = args.ctx or PER_SEQ_CTX * (1 if args.kv_unified else args.max_slots)
-    n_ctx_seq = n_ctx if args.kv_unified else n_ctx // args.max_slots
+    llama = backend_config(args)  # the simulated KV is sized as llama.cpp's would be
+    n_ctx = llama.total_cells()
+    n_ctx_seq = n_ctx if llama.kv_unified else n_ctx // llama.n_seq_max
     config = engine_config(args, mode=args.mode, record_ticks=False)
     profile = load_profile(args.profile)
-    return SimSpec(profile, config, n_ctx_seq, args.kv_unified, args.replicas,
+    return SimSpec(profile, config, n_ctx_seq, llama.kv_unified, args.replicas,
                    chars_per_token=args.chars_per_token or profile.chars_per_token)
 
 
@@ -111,6 +115,5 @@ def report(args: argparse.Namespace, result: SimResult, title: str) -> None:
           f"({summary['ticks'] / max(summary['sim_real_s'], 1e-9):,.0f} ticks/s), "
           f"device busy {summary['busy_share']:.1%}")
     if args.out:
-        args_out = {k: "inf" if v == float("inf") else v for k, v in vars(args).items() if k != "func"}
-        path = write_json(Path(args.out) / "summary.json", {"args": args_out, "summary": summary})
+        path = write_json(Path(args.out) / "summary.json", {"args": flags_record(args), "summary": summary})
         print(f"wrote {path}")

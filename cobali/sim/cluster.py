@@ -14,13 +14,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cobali.backends.base import LLAMA_CPP_PREFILL_TILE
-from cobali.batch.driver import Driver, Pending
-from cobali.bench.metrics import RequestTiming, request_timing, summarize_timings
+from cobali.backends.base import SamplingParams
+from cobali.backends.llama_cpp_config import PREFILL_TILE
 from cobali.costs import DEFAULT_CHARS_PER_TOKEN
 from cobali.engine.budget import CostModel
+from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine, EngineConfig, TickRecord
-from cobali.engine.sampling import SamplingParams
+from cobali.metrics import RequestTiming, request_timing, summarize_timings
 from cobali.runner import user_cpu_seconds
 from cobali.sim.backend import SimBackend
 
@@ -32,7 +32,7 @@ class SimSpec:
     n_ctx_seq: int = 2048
     kv_unified: bool = False
     replicas: int = 1
-    prefill_tile: int = LLAMA_CPP_PREFILL_TILE  # the simulated scheduler decides as it would on llama.cpp
+    prefill_tile: int = PREFILL_TILE  # the simulated scheduler decides as it would on llama.cpp
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN  # how text prompts become simulated tokens
 
 
@@ -66,7 +66,7 @@ class Replica:
         self.ticks = self.batch_tokens = self.wasted = self.routed = 0
 
     def queued_tokens(self) -> int:
-        return self.outstanding - sum(r.prefill_cursor for r in self.engine.scheduler.running)
+        return self.outstanding - sum(r.computed_tokens for r in self.engine.scheduler.running)
 
     def arrive(self, index: int, item: SimItem, t: float) -> None:
         self.clock.advance_to(t)  # an idle replica's clock waits here; a busy one is already past t

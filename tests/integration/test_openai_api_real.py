@@ -13,7 +13,8 @@ import pytest
 from openai import OpenAI
 
 import cobali
-from cobali.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.server.chat_template import JinjaChatTemplate
 from tests.integration.test_server_openai import PROMPT, running_server
 
@@ -43,7 +44,7 @@ def test_echo_scores_the_prompt_like_generation_does(client: OpenAI) -> None:
 
 
 def test_logit_bias_reaches_llama_cpp_sampling(client: OpenAI, model_path: str) -> None:
-    backend = LlamaCppBackend(LlamaCppOptions(model_path, n_ctx=64, n_seq_max=1, n_threads=1))
+    backend = LlamaCppBackend(LlamaCppConfig(model_path=model_path, n_ctx=64, n_seq_max=1, n_threads=1))
     try:
         [token] = backend.tokenize("Hello", add_special=False)
     finally:
@@ -58,7 +59,7 @@ def test_the_models_jinja_template_matches_llama_cpps_matcher(model_path: str) -
     """Before Jinja, chat prompts came from llama.cpp's built-in matcher: a plain conversation must tokenize
     the same, token for token. Without a system message the two differ by design: SmolLM2's own template
     adds its default system turn, which the matcher (ChatML in general) does not know."""
-    backend = LlamaCppBackend(LlamaCppOptions(model_path, n_ctx=64, n_seq_max=1, n_threads=1))
+    backend = LlamaCppBackend(LlamaCppConfig(model_path=model_path, n_ctx=64, n_seq_max=1, n_threads=1))
     try:
         source = backend.chat_template_source()
         template = JinjaChatTemplate(source.text, source.bos_token, source.eos_token, source.adds_bos)

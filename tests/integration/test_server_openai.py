@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,26 +22,15 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from cobali.model import embedded_model_path
+from tests.unit.test_reliability import soak_module
 
 COBALI = str(Path(sys.executable).with_name("cobali"))
 PROMPT = "The capital of France is"
 
-try:
-    embedded_model_path()
-except ValueError as err:
-    pytest.skip(str(err), allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @contextmanager
 def running_server(*flags: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    port = free_port()
+    port = soak_module().free_port()
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen([COBALI, "serve", "--port", str(port), "--threads", "1", *flags],
                                 stdout=log, stderr=subprocess.STDOUT)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
-from cobali.batch.driver import Driver, Pending
-from cobali.batch.jobs import Job, Shard, finished_ids, pending_shards, read_jobs, run_shard
+from cobali.batch.jobs import Job, Shard, drop_cut_line, finished_ids, pending_shards, read_jobs, run_shard
+from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.sampling import SamplingParams
 
 PROMPTS = [f"prompt {i}: " + "abcdefghij"[: 1 + i % 10] * (1 + i % 4) for i in range(12)]
 
@@ -79,6 +79,7 @@ def test_resume_after_a_kill_reruns_the_shard_whole(tmp_path: Path) -> None:
     resumed.write_text("".join(lines[:5]) + lines[5][:10])
     shards = pending_shards(jobs, resumed, max_slots=3)
     assert len(shards) == 1 and len(shards[0].jobs) == 12 and len(shards[0].wanted) == 7
+    drop_cut_line(resumed)  # what `cobali batch` does before it appends
     assert resumed.read_text() == "".join(lines[:5])
     second = make_engine()
     with resumed.open("a") as f:

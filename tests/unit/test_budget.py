@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.costs import CostProfile, Measurement
 from cobali.engine.budget import AdaptiveBudget
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.sampling import SamplingParams
 
 # 10 ms per tick, 2 ms per prefill token, 5 ms per decode row, 1 us per decode KV token.
 PROFILE = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6)

@@ -17,6 +17,11 @@ from cobali import cli
     (["calibrate", "--text-sample", "no_such_scenario"], "--text-sample 'no_such_scenario': no such file"),
     (["simulate", "--prompts", "short_burst", "--chars-per-token", "0"], "--chars-per-token: expected a number > 0"),
     (["bench", "--configs", "seq,warp", "--prompts", "short_burst"], "unknown config 'warp'"),
+    (["bench", "fidelity", "--prompts", "short_burst", "--epsilon", "0"], "--epsilon: expected a number > 0, got 0"),
+    (["bench", "fidelity", "--prompts", "no_such_scenario"], "--prompts 'no_such_scenario': no such file"),
+    (["bench", "fidelity", "--prompts", "short_burst", "--system-prompt-file", "/nonexistent/s.txt"],
+     "--system-prompt-file '/nonexistent/s.txt': No such file or directory"),
+    (["bench", "fidelity", "--prompts", "short_burst", "--mode", "fast"], "invalid choice: 'fast'"),
 ])
 def test_bad_flags_name_the_value(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:

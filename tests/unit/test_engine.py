@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cobali.backends.base import SamplingParams
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.request import FinishReason, Request, RequestState
-from cobali.engine.sampling import SamplingParams
 
 
 def make_engine(slots: int = 2, n_ctx_seq: int = 4096, **backend_kw) -> Engine:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
-from cobali.engine.sampling import SamplingParams
 
 
 def make_engine(slots: int = 4, unified_cells: int | None = None, n_batch: int = 128, chunk: int = 64,
@@ -60,7 +60,7 @@ def test_preempted_request_goes_to_the_front_of_the_queue() -> None:
     engine.step()
     engine.step()
     engine.scheduler.preempt_newest("test")
-    assert victim.state is RequestState.PENDING and victim.prefill_cursor == 0
+    assert victim.state is RequestState.PENDING and victim.computed_tokens == 0
     assert list(engine.scheduler.waiting) == [victim, later]
     assert len(victim.output_tokens) == 2, "tokens already streamed are kept"
 

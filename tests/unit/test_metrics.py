@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cobali.bench.metrics import (
+from cobali.backends.base import SamplingParams
+from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.metrics import (
     distribution,
     percentile_stats,
     request_timing,
@@ -12,8 +14,6 @@ from cobali.bench.metrics import (
     summarize_timings,
     timing_from_times,
 )
-from cobali.engine.request import FinishReason, Request, RequestState
-from cobali.engine.sampling import SamplingParams
 
 
 def finished_request(prompt_len: int, token_times: list[float], arrival: float = 10.0,

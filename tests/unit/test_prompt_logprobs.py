@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.sampling import SamplingParams
 from tests.unit.test_openai_conformance import fake_logprob
 
 PROMPTS = [list(range(1, 41)), list(range(5, 33))]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.plan import ChunkKind
 from cobali.engine.request import RequestState
-from cobali.engine.sampling import SamplingParams
-from cobali.engine.scheduler import ChunkKind
 
 
 def make_engine(mode: str = "cont", slots: int = 4, chunk: int = 256, n_batch: int = 512) -> Engine:

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.sampling import SamplingParams
 from cobali.server.app import create_app
 
 N_CTX_SEQ = 256

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.calibrate import chars_per_token
 from cobali.cli import main
 from cobali.costs import CostProfile, load_profile
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.sampling import SamplingParams
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimSpec, simulate
 from cobali.sim.plan import plan_replicas

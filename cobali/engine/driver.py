@@ -12,9 +12,9 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.engine.request import Request
-from cobali.engine.sampling import SamplingParams
 
 FEED_PER_SLOT = 2
 FEED_EXTRA = 8  # room for the queue's head-of-line bypass (WaitQueue.max_bypass)

@@ -1,9 +1,11 @@
-"""Serving metrics from request timestamps: TTFT, TPOT, ITL, E2EL and their percentiles."""
+"""Serving metrics from request timestamps: TTFT, TPOT, ITL, E2EL, their percentiles, and a run's summary."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -105,3 +107,47 @@ def percentile_stats(values: Sequence[float], percentiles: Sequence[int] = (50, 
         stats[f"p{q}"] = float(np.percentile(arr, q)) if arr.size else None
     stats["max"] = float(arr.max()) if arr.size else None
     return stats
+
+
+def request_record(request: Request) -> dict:
+    timing = request_timing(request)
+    return {
+        "id": request.id,
+        "prompt_tokens": len(request.prompt_tokens),
+        "output_tokens": len(request.output_tokens),
+        "text": request.text,
+        "finish_reason": request.finish_reason.value if request.finish_reason else None,
+        "error": request.error,
+        "ttft_ms": timing.ttft_ms,
+        "tpot_ms": timing.tpot_ms,
+        "e2el_ms": timing.e2el_ms,
+        "queue_ms": timing.queue_ms,
+        "itl_ms": list(timing.itl_ms),
+    }
+
+
+def format_summary(summary: dict) -> str:
+    lines = [
+        f"requests            {summary['requests']} ({summary['failed']} failed)",
+        f"prompt tokens       {summary['prompt_tokens']}",
+        f"generated tokens    {summary['generated_tokens']}",
+        f"wall time           {summary['wall_s']:.2f} s",
+        f"user CPU time       {summary['user_cpu_s']:.2f} s",
+        f"throughput          {summary['requests_per_s']:.2f} req/s, {summary['output_tok_s']:.1f} output tok/s, "
+        f"{summary['total_tok_s']:.1f} total tok/s",
+    ]
+    if summary.get("ticks"):
+        lines.append(f"ticks               {summary['ticks']} (mean {summary['mean_batch_tokens']:.1f} tok/batch, "
+                     f"host {summary['host_ms_per_tick']:.2f} ms/tick = {summary['host_share']:.1%}, "
+                     f"wasted decode slots {summary['wasted_decode_slots']})")
+    lines.append(f"{'latency (ms)':<20}{'mean':>10}{'p50':>10}{'p99':>10}")
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        cells = [summary[f"{name}_{stat}_ms"] for stat in ("mean", "p50", "p99")]
+        lines.append(f"{name.upper():<20}" + "".join(f"{c:>10.1f}" if c is not None else f"{'-':>10}" for c in cells))
+    return "\n".join(lines)
+
+
+def write_json(path: Path, data: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    return path

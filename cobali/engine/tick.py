@@ -1,0 +1,148 @@
+"""One tick's batch under construction: decode rows, prefill chunks, admissions, in the order the batch
+policy calls its steps. It reads and updates the scheduler's queues, and never touches the backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cobali.engine.kv import SlotPool
+from cobali.engine.plan import Chunk, ChunkKind
+from cobali.engine.policies import AdmissionPolicy, KvPolicy
+from cobali.engine.queue import WaitQueue
+from cobali.engine.request import Request, RequestState
+
+
+def fit_to_tile(n: int, left: int, room: int, tile: int) -> int:
+    """A prefill chunk of n of the `left` prompt tokens, reshaped for the backend's prefill tile (a chunk
+    shorter than it takes a slow path): no chunk shorter than the tile unless it ends the prompt, and no
+    shorter tail left behind (the chunk shrinks, or takes the tail along past the tick's budget while the
+    batch has `room`). Returns 0 for no chunk this tick."""
+    if 0 < left - n < tile:
+        if left - tile >= tile:
+            n = left - tile
+        elif left <= room:
+            n = left
+    elif n < left - n < 2 * tile and (left + 1) // 2 <= room:
+        # A rest that a chunk of this size cannot split into two tile-sized chunks: halve the prompt
+        # now (n grows by < tile/2) rather than take the whole rest past the budget next tick.
+        n = (left + 1) // 2
+    return n if n > 0 and (n == left or n >= tile) else 0
+
+
+@dataclass
+class TickQueues:
+    """The scheduler's state a tick reads and updates."""
+
+    slots: SlotPool
+    waiting: WaitQueue
+    running: list[Request]  # in admission order: the newest is preempted first
+    admission: AdmissionPolicy
+    n_batch: int
+    prefill_tile: int  # the backend's shortest fast prefill chunk (BackendInfo.prefill_tile)
+
+
+class TickBuilder:
+    """Satisfies policies.TickComposer: the batch policy decides the order of its steps."""
+
+    def __init__(self, queues: TickQueues, tick: int, budget: int, decoding: list[Request], may_admit: bool,
+                 fit_policy: KvPolicy) -> None:
+        assert 0 < budget <= queues.n_batch
+        self.queues = queues
+        self.tick = tick
+        self.budget = budget
+        self.decoding = decoding  # generating requests at the tick's start, in admission order
+        self.may_admit = may_admit
+        self.fit_policy = fit_policy
+        self.chunks: list[Chunk] = []
+        self.admitted: list[int] = []
+        self.allowance = 0
+        self.chunk_tokens = queues.admission.chunk_tokens(queues.n_batch)
+        # The tile never exceeds what the batch keeps free beside a full set of decodes, so prompts progress;
+        # a chunk size set below the tile wins.
+        self.tile = max(1, min(queues.prefill_tile, self.chunk_tokens, queues.n_batch - queues.slots.max_slots))
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def has_prefill_work(self) -> bool:
+        q = self.queues
+        prefilling = any(r.state is RequestState.PREFILL for r in q.running)
+        return prefilling or bool(q.waiting and q.slots.can_assign())
+
+    def add_decodes(self, limit: int | None = None) -> None:
+        decoding = self.decoding
+        if limit is not None and len(decoding) > limit:
+            # Rotate which requests wait, so a capped decode set starves nobody.
+            start = self.tick % len(decoding)
+            decoding = (decoding[start:] + decoding[:start])[:limit]
+        for request in decoding:
+            self._add(request, 1, ChunkKind.DECODE)
+
+    def add_prefills(self) -> None:
+        for request in self.queues.running:
+            if request.state is RequestState.PREFILL and self.budget > 0:
+                self._add_prefill(request)
+        self._admit()
+
+    def _add_prefill(self, request: Request) -> None:
+        """The next chunk of a prompt: as long as the mode's chunk size and the tick's budget allow, then
+        shaped for the backend's prefill tile."""
+        left = request.uncached_tokens
+        n = min(left, self.chunk_tokens, self.budget)
+        room = min(self.chunk_tokens, self.queues.n_batch - sum(c.n_tokens for c in self.chunks))
+        n = fit_to_tile(n, left, room, self.tile)
+        if n > 0:
+            self._add(request, n, ChunkKind.PREFILL)
+
+    def _admit(self) -> None:
+        q = self.queues
+        limit = q.admission.admit_limit(len(q.running), q.slots.n_free)
+        while self.may_admit and len(self.admitted) < limit and q.slots.can_assign():
+            if q.admission.admits_only_with_budget and self.budget <= 0:
+                break
+            request = q.waiting.pop_admissible(self._fits)
+            if request is None:
+                break
+            self._assign(request)
+            self._add_prefill(request)
+        self.allowance = limit - len(self.admitted)
+
+    def _fits(self, request: Request) -> bool:
+        acc = self.queues.slots.accountant
+        need = self.fit_policy.tokens_to_admit(request, acc.seq_limit)
+        if acc.can_hold(None, need):
+            return True
+        # Cached prefixes in free slots give their cells back when evicted.
+        return acc.unified and acc.blocks_for(need) <= acc.free_blocks + self.queues.slots.cached_blocks
+
+    def _assign(self, request: Request) -> None:
+        q = self.queues
+        acc = q.slots.accountant
+        need = self.fit_policy.tokens_to_admit(request, acc.seq_limit)
+        while not acc.can_hold(None, need) and q.slots.evict_one():
+            pass
+        sources = None
+        if q.slots.prefix_cache:
+            sources = {r.slot: np.asarray(r.all_tokens[: r.computed_tokens], dtype=np.int32)
+                       for r in q.running if r.slot is not None and r.id not in self.admitted}
+        # Prompt logprobs need logits at every prompt position: no cached prefix may skip them.
+        reusable = request.all_tokens if request.params.prompt_logprobs is None else None
+        assignment = q.slots.assign(reusable, sources)
+        request.slot = assignment.slot
+        request.computed_tokens = assignment.reused_tokens
+        acc.hold(assignment.slot, need)
+        request.transition(RequestState.PREFILL)
+        q.running.append(request)
+        self.admitted.append(request.id)
+
+    def _add(self, request: Request, n: int, kind: ChunkKind) -> None:
+        assert request.slot is not None and n > 0
+        self.chunks.append(Chunk(
+            request_id=request.id, slot=request.slot, kind=kind, start=request.computed_tokens,
+            n_tokens=n, context_tokens=request.n_context_tokens, yields_token=n == request.uncached_tokens,
+        ))
+        self.budget -= n
