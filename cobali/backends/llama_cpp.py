@@ -26,6 +26,12 @@ _DECODE_ERRORS = {1: "no KV slot for the batch (KV cache full)", 2: "decode abor
 _LOG_CALLBACK = None  # keep the ctypes callback alive for the life of the process
 
 
+def _decode(ctx, batch: _OwnedBatch) -> None:
+    code = ll.llama_decode(ctx, batch.struct)
+    if code != 0:
+        raise DecodeError(_DECODE_ERRORS.get(code, f"llama_decode returned {code}"), code)
+
+
 def _silence_logs() -> None:
     global _LOG_CALLBACK
     _LOG_CALLBACK = ll.llama_log_callback(lambda level, text, data: None)
@@ -99,9 +105,7 @@ class LlamaCppBackend:
 
     def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
         n = self._batch.fill(tokens, positions, seq_ids, want_logits)
-        code = ll.llama_decode(self.ctx, self._batch.struct)
-        if code != 0:
-            raise DecodeError(_DECODE_ERRORS.get(code, f"llama_decode returned {code}"), code)
+        _decode(self.ctx, self._batch)
         n_out = int(np.count_nonzero(want_logits[:n]))
         if n_out == 0:
             return np.zeros((0, self.info.n_vocab), dtype=np.float32)
@@ -255,9 +259,7 @@ class _Embedder:
         self.batch.fill(tokens, positions, seqs, np.ones(len(tokens), dtype=np.int8))
         memory = ll.llama_get_memory(self.ctx)
         try:
-            code = ll.llama_decode(self.ctx, self.batch.struct)
-            if code != 0:
-                raise DecodeError(_DECODE_ERRORS.get(code, f"llama_decode returned {code}"), code)
+            _decode(self.ctx, self.batch)
             for seq, index in enumerate(group):
                 out[index] = np.ctypeslib.as_array(ll.llama_get_embeddings_seq(self.ctx, seq), shape=(self.n_embd,))
         finally:

@@ -16,7 +16,7 @@ from cobali.engine.engine import Engine
 from cobali.server import chat, embeddings, openai_routes, responses
 from cobali.server.config import DEFAULT_MAX_BODY_BYTES
 from cobali.server.engine_thread import EngineThread, EngineUnavailable, QueueFull
-from cobali.server.errors import APIError, install_error_handlers, unavailable
+from cobali.server.errors import APIError, install_error_handlers, unavailable, unknown_model
 from cobali.server.limits import BodyLimit
 from cobali.server.metrics import ServerMetrics
 from cobali.server.state import ServerContext
@@ -70,8 +70,7 @@ async def models(http: Request) -> dict:
 async def model(model_id: str, http: Request) -> dict:
     server = _context(http)
     if model_id != server.model_name:
-        raise APIError(404, f"the model '{model_id}' does not exist; this server serves '{server.model_name}'",
-                       "not_found_error", param="model", code="model_not_found")
+        raise unknown_model(model_id, server.model_name)
     return _model_card(server)
 
 

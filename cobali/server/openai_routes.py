@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.server.engine_thread import EngineUnavailable, Generation
-from cobali.server.errors import APIError, bad_request, unavailable
+from cobali.server.errors import bad_request, unavailable, unknown_model
 from cobali.server.logprobs import LogprobWriter
 from cobali.server.replies import COMPLETION, Kind, Reply, sse
 from cobali.server.schemas import CompletionRequest, GenerationRequest, ModelLimits
@@ -78,8 +78,7 @@ def served_engine(http: Request, model: str | None) -> Engine:
     silently served by whatever is loaded; leaving `model` out is allowed."""
     server: ServerContext = http.app.state.server
     if model is not None and model != server.model_name:
-        raise APIError(404, f"the model '{model}' does not exist; this server serves '{server.model_name}'",
-                       param="model", code="model_not_found")
+        raise unknown_model(model, server.model_name)
     return server.engine_thread.require_engine()
 
 

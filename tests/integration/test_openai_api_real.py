@@ -143,8 +143,9 @@ def test_responses_api_on_the_real_model(client: OpenAI) -> None:
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == response.output_text
 
 
+@pytest.mark.slow  # LangChain's import alone takes seconds: run by .ci/run, not by `make test`
 def test_langchain_chat_openai_binds_and_calls_a_tool(tool_client: OpenAI) -> None:
-    langchain_openai = pytest.importorskip("langchain_openai")
+    import langchain_openai  # a dev dependency: missing, the test fails rather than skips
 
     def get_weather(city: str, days: int) -> str:
         """Current weather in a city, for some days."""

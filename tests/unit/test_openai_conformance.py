@@ -43,9 +43,12 @@ def bad_request(call) -> str:
 
 
 def test_stream_options_without_stream_is_refused(client: OpenAI) -> None:
-    message = bad_request(lambda: client.completions.create(model="fake-model", prompt="x", max_tokens=1,
-                                                             stream_options={"include_usage": True}))
-    assert "stream_options" in message
+    options = {"include_usage": True}
+    for call in (lambda: client.completions.create(model="fake-model", prompt="x", max_tokens=1,
+                                                   stream_options=options, stream=False),
+                 lambda: client.chat.completions.create(model="fake-model", max_tokens=1, stream_options=options,
+                                                        messages=[{"role": "user", "content": "x"}])):
+        assert "stream_options" in bad_request(call)
 
 
 def test_logit_bias_steers_sampling(client: OpenAI) -> None:
