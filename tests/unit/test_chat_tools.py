@@ -17,6 +17,7 @@ from cobali.backends.base import TemplateSource
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.server.app import create_app
+from cobali.server.chat_schemas import ChatCompletionRequest
 from cobali.server.chat_template import ChatPrompter, JinjaChatTemplate
 from cobali.server.tool_calls import ToolCallStream, parse_tool_calls
 from tests.unit.test_server_api import wait_healthy
@@ -111,6 +112,29 @@ def test_a_tool_call_in_the_reply_is_parsed(calling: OpenAI) -> None:
     # Without tools, the same text is just text.
     plain = ask(calling).choices[0]
     assert plain.finish_reason == "stop" and plain.message.tool_calls is None and "<tool_call>" in plain.message.content
+
+
+def test_tool_choice_none_leaves_the_reply_as_text(calling: OpenAI) -> None:
+    choice = ask(calling, tools=[WEATHER], tool_choice="none").choices[0]
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert "<tool_call>" in choice.message.content
+
+
+BOOK = {"type": "function", "function": {"name": "book_table", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(("tool_choice", "names"), [
+    ("auto", None), ("none", None), ("required", {"get_weather", "book_table"}),
+    ({"type": "function", "function": {"name": "book_table"}}, {"book_table"})])
+def test_a_forced_tool_choice_constrains_generation_by_grammar(tool_choice, names: set[str] | None) -> None:
+    """The fake backend ignores grammars: the real model's test checks the calls they produce."""
+    grammar = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=[WEATHER, BOOK],
+                                    tool_choice=tool_choice).grammar()
+    if names is None:
+        assert grammar is None
+    else:
+        assert grammar is not None and "<tool_call>" in grammar
+        assert {n for n in ("get_weather", "book_table") if f'\\"{n}\\"' in grammar} == names
 
 
 def test_streamed_tool_calls(calling: OpenAI) -> None:
