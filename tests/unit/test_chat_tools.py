@@ -91,6 +91,16 @@ def test_raise_exception_in_the_template_is_a_400() -> None:
         JinjaChatTemplate("{% for %}")
 
 
+def test_special_tokens_and_the_sandbox() -> None:
+    template = JinjaChatTemplate("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}", "<s>", "</s>")
+    assert template.render([{"role": "user", "content": "hi"}]) == "<s>hi</s>"
+    # A tokenizer that adds the BOS itself must not get it twice.
+    assert JinjaChatTemplate("{{ bos_token }}x", "<s>", adds_bos=True).render([]) == "x"
+    for unsafe in ("{{ messages.append(1) }}", "{{ ''.__class__.__mro__ }}"):  # a template is data, not code
+        with pytest.raises(ValueError, match="refused"):
+            JinjaChatTemplate(unsafe).render([{"role": "user", "content": "x"}])
+
+
 def test_history_with_tool_calls_and_results_reaches_the_template(chatting: OpenAI) -> None:
     messages = [{"role": "user", "content": "Weather?"},
                 {"role": "assistant", "content": None, "tool_calls": [
