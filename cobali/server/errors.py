@@ -37,7 +37,8 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 
 def unknown_model(model: str, served: str) -> APIError:
-    return APIError(404, f"the model '{model}' does not exist; this server serves '{served}'", "not_found_error",
+    # OpenAI's own type for an unknown model; only unknown routes are `not_found_error`.
+    return APIError(404, f"the model '{model}' does not exist; this server serves '{served}'",
                     param="model", code="model_not_found")
 
 
