@@ -27,6 +27,14 @@ def client() -> Iterator[OpenAI]:
         yield OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def backend(model_path: str) -> Iterator[LlamaCppBackend]:
+    """The model itself, for its tokenizer and templates."""
+    backend = LlamaCppBackend(LlamaCppConfig(model_path=model_path, n_ctx=64, n_seq_max=1, n_threads=1))
+    yield backend
+    backend.close()
+
+
 def test_echo_scores_the_prompt_like_generation_does(client: OpenAI) -> None:
     """The logprob the prompt's last token gets under echo is the one generation gives it from the prefix."""
     greedy = client.completions.create(model="smol", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=0,
@@ -43,38 +51,30 @@ def test_echo_scores_the_prompt_like_generation_does(client: OpenAI) -> None:
     assert lp.token_logprobs[last_prompt_token] == pytest.approx(greedy.logprobs.token_logprobs[0], abs=0.05)
 
 
-def test_logit_bias_reaches_llama_cpp_sampling(client: OpenAI, model_path: str) -> None:
-    backend = LlamaCppBackend(LlamaCppConfig(model_path=model_path, n_ctx=64, n_seq_max=1, n_threads=1))
-    try:
-        [token] = backend.tokenize("Hello", add_special=False)
-    finally:
-        backend.close()
+def test_logit_bias_reaches_llama_cpp_sampling(client: OpenAI, backend: LlamaCppBackend) -> None:
+    [token] = backend.tokenize("Hello", add_special=False)
     # Sampled through llama.cpp's chain (temperature > 0), not the greedy shortcut.
     text = client.completions.create(model="smol", prompt=PROMPT, max_tokens=3, temperature=0.7, seed=1,
                                      logit_bias={str(token): 100}, extra_body={"ignore_eos": True}).choices[0].text
     assert text == "HelloHelloHello"
 
 
-def test_the_models_jinja_template_matches_llama_cpps_matcher(model_path: str) -> None:
+def test_the_models_jinja_template_matches_llama_cpps_matcher(backend: LlamaCppBackend) -> None:
     """Before Jinja, chat prompts came from llama.cpp's built-in matcher: a plain conversation must tokenize
     the same, token for token. Without a system message the two differ by design: SmolLM2's own template
     adds its default system turn, which the matcher (ChatML in general) does not know."""
-    backend = LlamaCppBackend(LlamaCppConfig(model_path=model_path, n_ctx=64, n_seq_max=1, n_threads=1))
-    try:
-        source = backend.chat_template_source()
-        template = JinjaChatTemplate(source.text, source.bos_token, source.eos_token, source.adds_bos)
-        conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
-                        {"role": "assistant", "content": "Hello! How can I help?"},
-                        {"role": "user", "content": "Name a colour."}]
-        matcher = backend.apply_chat_template(conversation)
-        assert backend.tokenize(template.render(conversation)) == backend.tokenize(matcher)
-        default_system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-        jinja = template.render(conversation[1:])
-        assert jinja.startswith(default_system)
-        assert backend.tokenize(jinja) == backend.tokenize(default_system + "<|im_end|>\n"
-                                                           + backend.apply_chat_template(conversation[1:]))
-    finally:
-        backend.close()
+    source = backend.chat_template_source()
+    template = JinjaChatTemplate(source.text, source.bos_token, source.eos_token, source.adds_bos)
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                    {"role": "assistant", "content": "Hello! How can I help?"},
+                    {"role": "user", "content": "Name a colour."}]
+    matcher = backend.apply_chat_template(conversation)
+    assert backend.tokenize(template.render(conversation)) == backend.tokenize(matcher)
+    default_system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    jinja = template.render(conversation[1:])
+    assert jinja.startswith(default_system)
+    assert backend.tokenize(jinja) == backend.tokenize(default_system + "<|im_end|>\n"
+                                                       + backend.apply_chat_template(conversation[1:]))
 
 
 WEATHER = {"type": "function", "function": {
