@@ -133,6 +133,22 @@ def test_embeddings_rank_a_paraphrase_above_an_unrelated_sentence(client: OpenAI
     assert float(np.dot(alone, vectors[0]) / np.linalg.norm(vectors[0])) == pytest.approx(1.0, abs=1e-4)
 
 
+def test_embedding_inputs_share_decodes(backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cobali.backends.llama_cpp as module
+
+    decoded: list[int] = []  # tokens per llama_decode
+    decode = module.ll.llama_decode
+    monkeypatch.setattr(module.ll, "llama_decode",
+                        lambda ctx, batch: decoded.append(batch.n_tokens) or decode(ctx, batch))
+    inputs = [backend.tokenize(f"Sentence number {i}.") for i in range(module.EMBEDDING_SEQS + 1)]
+    vectors = backend.embed(inputs)
+    assert decoded == [sum(map(len, inputs[:-1])), len(inputs[-1])]  # a decode holds EMBEDDING_SEQS inputs
+    for index in (0, len(inputs) - 2):  # the first and the last of the shared decode, each embedded alone
+        alone = backend.embed([inputs[index]])[0]
+        cosine = np.dot(alone, vectors[index]) / np.linalg.norm(alone) / np.linalg.norm(vectors[index])
+        assert cosine == pytest.approx(1.0, abs=1e-4)
+
+
 def test_responses_api_on_the_real_model(client: OpenAI) -> None:
     response = client.responses.create(model="smol", input="Name a colour.", instructions="Answer in one word.",
                                        max_output_tokens=8, temperature=0)
