@@ -3,6 +3,7 @@
 Without it a client could send hundreds of megabytes of prompt: the server would hold it, parse it and
 tokenize it on the event loop before the context check rejected it. Checked twice: a declared
 Content-Length over the cap is refused without keeping anything, and a chunked body is counted as it arrives.
+The 413 comes after the body has been read and discarded, unless the client waits for "100 Continue".
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large(scope, receive, send)
+            # A client that waits for "100 Continue" (curl does, for large bodies) is answered at once: the
+            # server sends that only when the body is first read, so this client never sends it.
+            waits = headers.get(b"expect", b"").lower() == b"100-continue"
+            await self._too_large(scope, receive, send, more=not waits)
             return
         chunks: list[bytes] = []
         size, more = 0, True

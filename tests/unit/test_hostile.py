@@ -10,6 +10,7 @@ Decisions these cases pin down:
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -114,7 +115,7 @@ def test_huge_max_tokens_is_refused_naming_the_context(hostile_api: TestClient) 
 
 
 def test_body_limit_on_a_live_server() -> None:
-    with live_server() as (client, _server):
+    with live_server() as (client, server):
         big = client.post("/v1/completions", json={"prompt": "a" * (10 * MIB)})
         assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
 
@@ -126,6 +127,13 @@ def test_body_limit_on_a_live_server() -> None:
 
         chunked = client.post("/v1/completions", content=chunks(), headers=JSON)
         assert chunked.status_code == 413
+        # A client that waits for "100 Continue" before sending a body over the limit is answered at once.
+        port = server.servers[0].sockets[0].getsockname()[1]
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Expect: 100-continue\r\nContent-Length: 10485760\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(head)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 413")
         # Just under the limit: read and parsed, then refused for the context, not the size.
         under = client.post("/v1/completions", json={"prompt": "a" * (3 * MIB)})
         assert under.status_code == 400 and "context holds" in under.json()["error"]["message"]
