@@ -17,7 +17,7 @@ PY=${PY:-.venv/bin/python}
 # In the GPU image already (bench/gpu/README.md): carrying them would only spend the 64 MiB.
 SKIP_WHEELS=${SKIP_WHEELS:-"numpy matplotlib pillow fonttools contourpy kiwisolver pyparsing cycler python_dateutil six
   packaging jinja2 markupsafe pyyaml requests urllib3 idna certifi charset_normalizer tqdm httpx httpcore anyio h11
-  sniffio click typing_extensions prometheus_client"}
+  sniffio click typing_extensions prometheus_client attrs"}
 
 sdist="$SDIST_CACHE/llama_cpp_python-$LLAMA_VERSION.tar.gz"
 if [ ! -f "$sdist" ]; then
@@ -50,7 +50,7 @@ tar czf "$BUNDLE/llama.cpp.tar.gz" -C "$src/vendor" llama.cpp
 "$PY" -m pip freeze --exclude-editable | grep -v "^llama.cpp.python" >"$tmp/constraints.txt"
 "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 \
   --abi none --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-  -c "$tmp/constraints.txt" -d "$BUNDLE/wheels" fastapi uvicorn pydantic gguf diskcache 2>&1 \
+  -c "$tmp/constraints.txt" -d "$BUNDLE/wheels" fastapi uvicorn pydantic gguf diskcache jsonschema 2>&1 \
   | grep -v "is ignored" >&2 || true
 for name in $SKIP_WHEELS; do
   rm -f "$BUNDLE"/wheels/"$name"-[0-9]*.whl

@@ -17,6 +17,7 @@ from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
 from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, Plan, TrimSlot
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
+from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
 from cobali.engine.sampling import RowSampler, token_logprob
@@ -216,8 +217,8 @@ class Engine:
             b.tokens[row:end] = request.tokens_to_feed(chunk.n_tokens)
             b.positions[row:end] = np.arange(chunk.start, chunk.end, dtype=np.int32)
             b.seq_ids[row:end] = chunk.slot
-            b.want_logits[row:end] = 0
-            b.want_logits[end - 1] = chunk.yields_token
+            b.want_logits[row:end] = wants_prompt_logits(request, chunk.start)
+            b.want_logits[end - 1] |= chunk.yields_token
             row = end
         return row
 
@@ -233,13 +234,18 @@ class Engine:
             self._finish(self.requests[request_id], FinishReason.ERROR, now, f"decode failed: {err}")
 
     def _sample_plan(self, plan: Plan, logits: np.ndarray, now: float) -> None:
-        picks, row = [], 0
+        picks, row, out = [], 0, 0  # out: rows of `logits` used so far
         for chunk in plan.rows:
             request = self.requests[chunk.request_id]
             request.computed_tokens += chunk.n_tokens
             row += chunk.n_tokens
+            if wants_prompt_logits(request, chunk.start):
+                record_prompt_logprobs(request, chunk.start, logits[out:out + chunk.n_tokens])
+                out += chunk.n_tokens
+            elif chunk.yields_token:
+                out += 1
             if chunk.yields_token:
-                picks.append((request.id, request.params, row - 1, len(picks)))
+                picks.append((request.id, request.params, row - 1, out - 1))
         tokens, failures = self.sampler.sample(logits, picks)
         for (request_id, params, _, out_row), token in zip(picks, tokens, strict=True):
             request = self.requests[request_id]
@@ -329,3 +335,4 @@ class Engine:
                 if delta := deltas.popleft():
                     yield delta
         yield from (d for d in deltas if d)
+
