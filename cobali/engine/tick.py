@@ -79,8 +79,11 @@ class TickBuilder:
             # Rotate which requests wait, so a capped decode set starves nobody.
             start = self.tick % len(decoding)
             decoding = (decoding[start:] + decoding[:start])[:limit]
-        for request in decoding:
-            self._add(request, 1, ChunkKind.DECODE)
+        # One row per generating request, built inline: this runs for every request every tick.
+        kind = ChunkKind.DECODE
+        self.chunks += [Chunk(r.id, r.slot, kind, r.computed_tokens, 1, r.computed_tokens + 1, True)
+                        for r in decoding]
+        self.budget -= len(decoding)
 
     def add_prefills(self) -> None:
         for request in self.queues.running:
