@@ -14,6 +14,11 @@ from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
 
 
+def _first_tokens(request: Request, n: int) -> list[int]:
+    prompt = request.prompt_tokens
+    return prompt[:n] if len(prompt) >= n else request.all_tokens[:n]
+
+
 def fit_to_tile(n: int, left: int, room: int, tile: int) -> int:
     """A prefill chunk of n of the `left` prompt tokens, reshaped for the backend's prefill tile (a chunk
     shorter than it takes a slow path): no chunk shorter than the tile unless it ends the prompt, and no
@@ -130,8 +135,12 @@ class TickBuilder:
             pass
         sources = None
         if q.slots.prefix_cache:
-            sources = {r.slot: np.asarray(r.all_tokens[: r.computed_tokens], dtype=np.int32)
-                       for r in q.running if r.slot is not None and r.id not in self.admitted}
+            # Lazily, and only the running requests whose KV starts as this prompt does: a prefix shorter
+            # than min_reuse_tokens is never reused, and hundreds of running requests must not cost a copy each.
+            head = request.all_tokens[: q.slots.min_reuse_tokens]
+            sources = ((r.slot, np.asarray(r.all_tokens[: r.computed_tokens], dtype=np.int32))
+                       for r in q.running if r.slot is not None and r.id not in self.admitted
+                       and r.computed_tokens >= len(head) and _first_tokens(r, len(head)) == head)
         assignment = q.slots.assign(request.all_tokens, sources)
         request.slot = assignment.slot
         request.computed_tokens = assignment.reused_tokens
