@@ -39,14 +39,15 @@ class SleepingBackend(NullBackend):
         return super().decode(tokens, positions, seq_ids, want_logits)
 
 
-def build_engine(concurrency: int, sleep_s: float, n_vocab: int) -> Engine:
+def build_engine(concurrency: int, sleep_s: float, n_vocab: int, record_ticks: bool = False) -> Engine:
     backend = SleepingBackend(concurrency, sleep_s, n_vocab)
-    return Engine(backend, EngineConfig(max_slots=concurrency, n_batch=backend.info.n_batch, record_ticks=False))
+    config = EngineConfig(max_slots=concurrency, n_batch=backend.info.n_batch, record_ticks=record_ticks)
+    return Engine(backend, config)
 
 
 def busy_share(ticks: list[tuple[float, float, float]], t0: float, t1: float) -> float:
     """ticks: (tick start, decode start, decode end); the share of [t0, t1) spent inside decode."""
-    inside = sum(max(0.0, min(d1, t1) - max(d0, t0)) for _, d0, d1 in ticks)
+    inside = sum(max(0.0, min(t[2], t1) - max(t[1], t0)) for t in ticks)
     return inside / (t1 - t0)
 
 
@@ -80,16 +81,15 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
 
     from cobali.server.app import create_app
 
-    ticks: list[tuple[float, float, float]] = []
+    engines: list[Engine] = []  # the server's metrics own on_tick: the engine records its ticks instead
 
     def factory() -> Engine:
-        engine = build_engine(concurrency, sleep_s, n_vocab)
-        engine.on_tick = lambda r: ticks.append((r.start, r.decode_start, r.decode_end))
-        return engine
+        engines.append(build_engine(concurrency, sleep_s, n_vocab, record_ticks=True))
+        return engines[0]
 
     def dump(*_args) -> None:
         with open(ticks_file, "w") as f:
-            json.dump(ticks, f)
+            json.dump([(r.start, r.decode_start, r.decode_end, len(r.plan.chunks)) for r in engines[0].ticks], f)
         os._exit(0)
 
     signal.signal(signal.SIGUSR1, dump)
@@ -102,19 +102,26 @@ async def stream_clients(port: int, concurrency: int, seconds: float, max_tokens
     import httpx
 
     arrivals: list[float] = []
+    failures: list[float] = []
     deadline = time.perf_counter() + seconds
-    body = {"model": "sleeping", "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    body = {"model": "sleeping", "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "temperature": 0}
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60) as client:
 
         async def one_client() -> None:
             while time.perf_counter() < deadline:
-                async with client.stream("POST", "/v1/completions", json=body) as reply:
-                    async for line in reply.aiter_lines():
-                        if line.startswith("data: {"):
-                            arrivals.append(time.perf_counter())
+                try:
+                    async with client.stream("POST", "/v1/completions", json=body) as reply:
+                        async for line in reply.aiter_lines():
+                            if line.startswith("data: {"):
+                                arrivals.append(time.perf_counter())
+                except httpx.TransportError:  # counted, not fatal: a starved client may lose a connection
+                    failures.append(time.perf_counter())
 
         await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    if failures:
+        print(f"  {len(failures)} streams lost their connection", file=sys.stderr)
     return arrivals
 
 
@@ -139,8 +146,11 @@ def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
                               ticks_file])
     try:
         wait_healthy(port)
-        start = time.perf_counter()
+        start, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(child.pid), time.process_time()
         arrivals = asyncio.run(stream_clients(port, concurrency, seconds, max_tokens))
+        wall = time.perf_counter() - start
+        server_cpu = (cpu_seconds(child.pid) - server_cpu) / wall
+        client_cpu = (time.process_time() - client_cpu) / wall
     finally:
         child.send_signal(__import__("signal").SIGUSR1)
         child.wait(30)
@@ -150,7 +160,14 @@ def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
     t0, t1 = start + seconds / 4, start + seconds
     delivered = sum(t0 <= t < t1 for t in arrivals)
     return {"concurrency": concurrency, "path": "server", "busy": busy_share(ticks, t0, t1),
-            "tokens_per_s": delivered / (t1 - t0)}
+            "tokens_per_s": delivered / (t1 - t0), "server_cpu": server_cpu, "client_cpu": client_cpu}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc): is the server or the client the limit?"""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -178,7 +195,9 @@ def main() -> None:
             paths.append(run_server(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, args.port))
         for row in paths:
             rows.append(row)
-            print(f"{row['path']:>7} {n:>9} {row['busy']:>12.1%} {row['tokens_per_s']:>9.0f}")
+            cpu = (f"  CPU cores used: server {row['server_cpu']:.2f}, clients {row['client_cpu']:.2f}"
+                   if "server_cpu" in row else "")
+            print(f"{row['path']:>7} {n:>9} {row['busy']:>12.1%} {row['tokens_per_s']:>9.0f}{cpu}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
