@@ -91,8 +91,9 @@ class TickBuilder:
         self.budget -= len(decoding)
 
     def add_prefills(self) -> None:
-        for request in self.queues.running:
-            if request.state is RequestState.PREFILL and self.budget > 0:
+        q = self.queues
+        for request in q.waiting.prefill_order(r for r in q.running if r.state is RequestState.PREFILL):
+            if self.budget > 0:
                 self._add_prefill(request)
         self._admit()
 
