@@ -29,6 +29,8 @@ class SamplingParams:
     ignore_eos: bool = False
     grammar: str | None = None
     logprobs: int | None = None  # report each sampled token's logprob and this many top alternatives
+    prompt_logprobs: int | None = None  # also each prompt token's logprob (after the first), with alternatives
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit before sampling)
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -44,6 +46,9 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+               f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        _check(all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite")
 
     @cached_property  # read for every sampled token
     def is_greedy(self) -> bool:
@@ -54,6 +59,7 @@ class SamplingParams:
             and self.presence_penalty == 0.0
             and self.frequency_penalty == 0.0
             and self.grammar is None
+            and not self.logit_bias
         )
 
 
@@ -86,6 +92,23 @@ class BackendInfo:
     # A prefill chunk shorter than this takes a slow attention path: the scheduler spends no leftover
     # budget on one.
     prefill_tile: int = 1
+
+
+@dataclass(frozen=True)
+class TemplateSource:
+    """A model's chat template: its Jinja text (None: the model has none) and the special tokens it prints."""
+
+    text: str | None
+    bos_token: str = ""
+    eos_token: str = ""
+    adds_bos: bool = False  # the tokenizer puts the BOS in front by itself
+
+
+@dataclass(frozen=True)
+class EmbeddingLimits:
+    max_tokens: int  # per input
+    max_inputs_per_decode: int
+    n_embd: int
 
 
 @dataclass(frozen=True)
@@ -147,8 +170,20 @@ class Backend(Protocol):
 
     def token_bytes(self, token: int) -> bytes: ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """The prompt by the backend's own template matcher (no tools); ValueError if it has none."""
+        ...
+
+    def chat_template_source(self) -> TemplateSource: ...
 
     def new_sampler(self, params: SamplingParams) -> TokenSampler: ...
+
+    @property
+    def embedding_limits(self) -> EmbeddingLimits: ...
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Pooled embeddings (not normalized), one row per input; each within embedding_limits. Thread-safe
+        against decode (a context of its own) but not against itself."""
+        ...
 
     def close(self) -> None: ...

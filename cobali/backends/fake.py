@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cobali.backends.base import BackendInfo, BatchArrays, DecodeError, SamplingParams
+from cobali.backends.base import (
+    BackendInfo,
+    BatchArrays,
+    DecodeError,
+    EmbeddingLimits,
+    SamplingParams,
+    TemplateSource,
+)
 
 EOG_TOKEN = 0
 DEFAULT_SEED = 0
@@ -108,6 +115,20 @@ class FakeBackend:
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
+    def chat_template_source(self) -> TemplateSource:
+        return TemplateSource(None)  # the fallback above
+
+    @property
+    def embedding_limits(self) -> EmbeddingLimits:
+        return EmbeddingLimits(self.n_ctx_seq, 4, self.n_vocab)
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Counts of each token: texts sharing words point the same way."""
+        out = np.zeros((len(inputs), self.n_vocab), dtype=np.float32)
+        for row, tokens in enumerate(inputs):
+            np.add.at(out[row], tokens, 1.0)
+        return out
+
     def new_sampler(self, params: SamplingParams) -> FakeSampler:
         return FakeSampler(self, params)
 
@@ -129,6 +150,8 @@ class FakeSampler:
         p = self.params
         out_row = sum(self.backend.batches[-1].want_logits[:row])
         logits = self.backend.last_logits[out_row].copy()
+        for token, bias in p.logit_bias:
+            logits[token] += bias
         seen = self.counts > 0
         with np.errstate(all="ignore"):
             logits[seen] = np.where(logits[seen] > 0, logits[seen] / p.repetition_penalty,

@@ -8,12 +8,28 @@ import os
 import llama_cpp as ll
 import numpy as np
 
-from cobali.backends.base import BackendInfo, BatchArrays, DecodeError, SamplingParams
+from cobali.backends.base import (
+    BackendInfo,
+    BatchArrays,
+    DecodeError,
+    EmbeddingLimits,
+    SamplingParams,
+    TemplateSource,
+)
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp_config import PREFILL_TILE, LlamaCppConfig
 
+# The embeddings context: tokens one input may have (and one decode may carry), inputs per decode.
+EMBEDDING_CTX = 2048
+EMBEDDING_SEQS = 16
 _DECODE_ERRORS = {1: "no KV slot for the batch (KV cache full)", 2: "decode aborted"}
 _LOG_CALLBACK = None  # keep the ctypes callback alive for the life of the process
+
+
+def _decode(ctx, batch: _OwnedBatch) -> None:
+    code = ll.llama_decode(ctx, batch.struct)
+    if code != 0:
+        raise DecodeError(_DECODE_ERRORS.get(code, f"llama_decode returned {code}"), code)
 
 
 def _silence_logs() -> None:
@@ -48,6 +64,7 @@ class LlamaCppBackend:
         )
         self._batch = _OwnedBatch(self.info.n_batch)
         self._pieces: dict[int, bytes] = {}
+        self._embedder: _Embedder | None = None
 
     @staticmethod
     def _load_model(model_path: str, options: LlamaCppConfig):
@@ -88,9 +105,7 @@ class LlamaCppBackend:
 
     def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
         n = self._batch.fill(tokens, positions, seq_ids, want_logits)
-        code = ll.llama_decode(self.ctx, self._batch.struct)
-        if code != 0:
-            raise DecodeError(_DECODE_ERRORS.get(code, f"llama_decode returned {code}"), code)
+        _decode(self.ctx, self._batch)
         n_out = int(np.count_nonzero(want_logits[:n]))
         if n_out == 0:
             return np.zeros((0, self.info.n_vocab), dtype=np.float32)
@@ -156,18 +171,105 @@ class LlamaCppBackend:
             n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, n)
         return buf.raw[:n].decode("utf-8", errors="replace")
 
+    def chat_template_source(self) -> TemplateSource:
+        text = ll.llama_model_chat_template(self.model, None)
+        return TemplateSource(text.decode("utf-8", errors="replace") if text else None,
+                              self._special_text(ll.llama_vocab_bos(self.vocab)),
+                              self._special_text(ll.llama_vocab_eos(self.vocab)),
+                              bool(ll.llama_vocab_get_add_bos(self.vocab)))
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:  # LLAMA_TOKEN_NULL: the model has no such token
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:max(n, 0)].decode("utf-8", errors="replace")
+
+    # ---- embeddings -------------------------------------------------------------------------------
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Pooled embeddings, one row per input, from a context of their own (made on first use)."""
+        if self._embedder is None:
+            self._embedder = _Embedder(self.model, self.options)
+        return self._embedder.embed(inputs)
+
+    @property
+    def embedding_limits(self) -> EmbeddingLimits:
+        # Positions past the model's training context would embed garbage.
+        max_tokens = min(EMBEDDING_CTX, ll.llama_model_n_ctx_train(self.model))
+        return EmbeddingLimits(max_tokens, EMBEDDING_SEQS, ll.llama_model_n_embd(self.model))
+
     # ---- sampling ---------------------------------------------------------------------------------
 
     def new_sampler(self, params: SamplingParams) -> LlamaCppSampler:
         return LlamaCppSampler(self, params)
 
     def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
         if self.ctx:
             ll.llama_free(self.ctx)
             self.ctx = None
         if self.model:
             ll.llama_model_free(self.model)
             self.model = None
+
+
+class _Embedder:
+    """An embeddings context: the inputs of one call share decodes (up to EMBEDDING_SEQS sequences and
+    EMBEDDING_CTX tokens each), pooled the model's way, or by mean for a generative model that has none."""
+
+    def __init__(self, model, options: LlamaCppConfig) -> None:
+        self.ctx = self._context(model, options, ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
+        if ll.llama_pooling_type(self.ctx) == ll.LLAMA_POOLING_TYPE_NONE:
+            ll.llama_free(self.ctx)
+            self.ctx = self._context(model, options, ll.LLAMA_POOLING_TYPE_MEAN)
+        self.n_embd = ll.llama_model_n_embd(model)
+        self.batch = _OwnedBatch(EMBEDDING_CTX)
+
+    @staticmethod
+    def _context(model, options: LlamaCppConfig, pooling: int):
+        params = ll.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = EMBEDDING_CTX  # pooling needs a sequence in one ubatch
+        params.n_seq_max = EMBEDDING_SEQS
+        params.kv_unified = True
+        params.embeddings = True
+        params.pooling_type = pooling
+        params.n_threads = params.n_threads_batch = options.n_threads or os.cpu_count() or 1
+        ctx = ll.llama_init_from_model(model, params)
+        if not ctx:
+            raise ValueError("could not create a llama.cpp embeddings context")
+        return ctx
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        out = np.zeros((len(inputs), self.n_embd), dtype=np.float32)
+        group: list[int] = []
+        for index, tokens in enumerate(inputs):
+            assert 0 < len(tokens) <= EMBEDDING_CTX, "inputs are checked against embedding_limits"
+            if group and (len(group) == EMBEDDING_SEQS
+                          or sum(len(inputs[i]) for i in group) + len(tokens) > EMBEDDING_CTX):
+                self._decode(inputs, group, out)
+                group = []
+            group.append(index)
+        self._decode(inputs, group, out)
+        return out
+
+    def _decode(self, inputs: list[list[int]], group: list[int], out: np.ndarray) -> None:
+        tokens = np.concatenate([inputs[i] for i in group]).astype(np.int32)
+        positions = np.concatenate([np.arange(len(inputs[i])) for i in group])
+        seqs = np.concatenate([np.full(len(inputs[i]), seq) for seq, i in enumerate(group)])
+        self.batch.fill(tokens, positions, seqs, np.ones(len(tokens), dtype=np.int8))
+        memory = ll.llama_get_memory(self.ctx)
+        try:
+            _decode(self.ctx, self.batch)
+            for seq, index in enumerate(group):
+                out[index] = np.ctypeslib.as_array(ll.llama_get_embeddings_seq(self.ctx, seq), shape=(self.n_embd,))
+        finally:
+            ll.llama_memory_clear(memory, True)
+
+    def close(self) -> None:
+        ll.llama_free(self.ctx)
 
 
 class _OwnedBatch:
@@ -219,6 +321,9 @@ class LlamaCppSampler:
                 self.close()
                 raise ValueError("invalid grammar")
             add(grammar)
+        if params.logit_bias:
+            biases = (ll.llama_logit_bias * len(params.logit_bias))(*params.logit_bias)
+            add(ll.llama_sampler_init_logit_bias(backend.info.n_vocab, len(params.logit_bias), biases))
         if (params.repetition_penalty, params.frequency_penalty, params.presence_penalty) != (1.0, 0.0, 0.0):
             add(ll.llama_sampler_init_penalties(backend.info.n_vocab, 64, params.repetition_penalty,
                                                 params.frequency_penalty, params.presence_penalty))

@@ -6,6 +6,7 @@ import numpy as np
 
 from cobali.backends.base import BatchArrays
 from cobali.engine.plan import Chunk
+from cobali.engine.prompt_logprobs import wants_prompt_logits
 from cobali.engine.request import Request, RequestState
 
 
@@ -17,6 +18,7 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
     positions: list[int] = []
     seq_ids: list[int] = []
     ends: list[int] = []  # the row after each sampling row
+    every_row: list[range] = []  # chunks whose every row wants logits (prompt logprobs)
     for chunk in rows:
         request = requests[chunk.request_id]
         if chunk.n_tokens == 1 and request.state is RequestState.DECODE:
@@ -26,6 +28,8 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
         else:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
+            if wants_prompt_logits(request, chunk.start):
+                every_row.append(range(len(tokens), len(tokens) + chunk.n_tokens))
             tokens += request.tokens_to_feed(chunk.n_tokens)
             positions += range(chunk.start, chunk.end)
             seq_ids += [chunk.slot] * chunk.n_tokens
@@ -37,4 +41,6 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
     b.seq_ids[:n] = seq_ids
     b.want_logits[:n] = 0
     b.want_logits[np.array(ends, dtype=np.intp) - 1] = 1
+    for span in every_row:
+        b.want_logits[span.start:span.stop] = 1
     return n

@@ -17,6 +17,7 @@ from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
 from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, Plan, TrimSlot
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
+from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
 from cobali.engine.sampling import RowSampler, token_logprob
@@ -214,16 +215,22 @@ class Engine:
             self._finish(self.requests[request_id], FinishReason.ERROR, now, f"decode failed: {err}")
 
     def _sample_plan(self, plan: Plan, logits: np.ndarray, now: float) -> None:
-        requests, sampled, rows, row = self.requests, [], [], 0
+        requests, sampled, rows, out_rows, row, out = self.requests, [], [], [], 0, 0  # out: logits rows used
         for chunk in plan.rows:
             request = requests[chunk.request_id]
             request.computed_tokens += chunk.n_tokens
             row += chunk.n_tokens
+            if wants_prompt_logits(request, chunk.start):
+                record_prompt_logprobs(request, chunk.start, logits[out:out + chunk.n_tokens])
+                out += chunk.n_tokens
+            elif chunk.yields_token:
+                out += 1
             if chunk.yields_token:
                 sampled.append(request)
                 rows.append(row - 1)
-        tokens, failures = self.sampler.sample(logits, sampled, rows)
-        for out_row, (request, token) in enumerate(zip(sampled, tokens, strict=True)):
+                out_rows.append(out - 1)
+        tokens, failures = self.sampler.sample(logits, sampled, rows, out_rows)
+        for request, token, out_row in zip(sampled, tokens, out_rows, strict=True):
             if token is None:
                 self._finish(request, FinishReason.ERROR, now, f"sampling failed: {failures[request.id]}")
                 continue
@@ -317,3 +324,4 @@ class Engine:
                 if delta := deltas.popleft():
                     yield delta
         yield from (d for d in deltas if d)
+

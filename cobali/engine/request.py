@@ -58,6 +58,8 @@ class Request:
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, when asked for
+    # One per prompt token after the first (which nothing predicts), when params.prompt_logprobs is set.
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_time: float | None = None
 
     def transition(self, new: RequestState) -> None:

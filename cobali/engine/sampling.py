@@ -49,18 +49,20 @@ class RowSampler:
         self.backend = backend
         self._samplers: dict[int, TokenSampler] = {}
 
-    def sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int]
+    def sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int]
                ) -> tuple[list[int | None], dict[int, str]]:
-        """requests: those that sample, in output-row order; rows: their batch rows. Returns one token per
+        """requests: those that sample, in output order; rows: their batch rows; out_rows: their rows of
+        `logits` (more rows than requests when some asked for prompt logprobs). Returns one token per
         request, None where that request's sampler failed, and the failures' messages by request id: one
         request's sampler must not take the engine (and every other request) down with it."""
         greedy = [r.params.is_greedy for r in requests]
-        if all(greedy):
-            return self.backend.argmax(logits).tolist(), {}
         best = self.backend.argmax(logits).tolist() if any(greedy) else []
+        if all(greedy):
+            # One logits row per request (the common case) means out_rows is 0..n-1.
+            return (best if len(best) == len(requests) else [best[o] for o in out_rows]), {}
         tokens: list[int | None] = []
         failures: dict[int, str] = {}
-        for out_row, (request, row, is_greedy) in enumerate(zip(requests, rows, greedy, strict=True)):
+        for request, row, out_row, is_greedy in zip(requests, rows, out_rows, greedy, strict=True):
             if is_greedy:
                 tokens.append(best[out_row])
                 continue

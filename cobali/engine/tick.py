@@ -142,7 +142,9 @@ class TickBuilder:
             sources = ((r.slot, np.asarray(r.all_tokens[: r.computed_tokens], dtype=np.int32))
                        for r in q.running if r.slot is not None and r.id not in self.admitted
                        and r.computed_tokens >= len(head) and _first_tokens(r, len(head)) == head)
-        assignment = q.slots.assign(request.all_tokens, sources)
+        # Prompt logprobs need logits at every prompt position: no cached prefix may skip them.
+        reusable = request.all_tokens if request.params.prompt_logprobs is None else None
+        assignment = q.slots.assign(reusable, sources)
         request.slot = assignment.slot
         request.computed_tokens = assignment.reused_tokens
         acc.hold(assignment.slot, need)

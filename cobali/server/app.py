@@ -13,10 +13,10 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from cobali.engine.engine import Engine
-from cobali.server import openai_routes
+from cobali.server import chat, embeddings, openai_routes, responses
 from cobali.server.config import DEFAULT_MAX_BODY_BYTES
 from cobali.server.engine_thread import EngineThread, EngineUnavailable, QueueFull
-from cobali.server.errors import APIError, install_error_handlers, unavailable
+from cobali.server.errors import APIError, install_error_handlers, unavailable, unknown_model
 from cobali.server.limits import BodyLimit
 from cobali.server.metrics import ServerMetrics
 from cobali.server.state import ServerContext
@@ -53,14 +53,25 @@ async def metrics(http: Request) -> Response:
     return Response(_context(http).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@ops.get("/v1/models", dependencies=[Depends(require_api_key)])
-async def models(http: Request) -> dict:
-    server = _context(http)
+def _model_card(server: ServerContext) -> dict:
     engine = server.engine_thread.engine
     card = {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "cobali"}
     if engine is not None:
         card["max_model_len"] = engine.backend.info.n_ctx_seq
-    return {"object": "list", "data": [card]}
+    return card
+
+
+@ops.get("/v1/models", dependencies=[Depends(require_api_key)])
+async def models(http: Request) -> dict:
+    return {"object": "list", "data": [_model_card(_context(http))]}
+
+
+@ops.get("/v1/models/{model_id:path}", dependencies=[Depends(require_api_key)])
+async def model(model_id: str, http: Request) -> dict:
+    server = _context(http)
+    if model_id != server.model_name:
+        raise unknown_model(model_id, server.model_name)
+    return _model_card(server)
 
 
 @ops.get("/slots", dependencies=[Depends(require_api_key)])
@@ -87,7 +98,8 @@ def slot_table(engine: Engine) -> list[dict]:
 
 
 def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue: int | None = None,
-               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               chat_template: str | None = None) -> FastAPI:
     """The app and its engine thread, which builds the engine with `engine_factory` (loading the model).
 
     The thread starts with the app, so /health answers 503 while the model loads, and stops with it.
@@ -102,7 +114,8 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
         await asyncio.to_thread(engine_thread.stop)  # joining must not block the loop it reports to
 
     app = FastAPI(title="cobali", lifespan=lifespan)
-    app.state.server = ServerContext(engine_thread, metrics, model_name, api_key, created=int(time.time()))
+    app.state.server = ServerContext(engine_thread, metrics, model_name, api_key, created=int(time.time()),
+                                     chat_template=chat_template)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
@@ -115,5 +128,6 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
         return APIError(429, str(err), "rate_limit_error", code="queue_full").response()
 
     app.include_router(ops)
-    app.include_router(openai_routes.router, dependencies=[Depends(require_api_key)])
+    for routes in (openai_routes, chat, embeddings, responses):
+        app.include_router(routes.router, dependencies=[Depends(require_api_key)])
     return app

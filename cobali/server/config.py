@@ -21,6 +21,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     replicas: int = 1
     ray_address: str | None = None
+    chat_template: str | None = None  # --chat-template: the Jinja text, used instead of the model's own
 
     def __post_init__(self) -> None:
         if self.replicas == 1 and self.ray_address is not None:

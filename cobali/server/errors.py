@@ -36,6 +36,12 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
+def unknown_model(model: str, served: str) -> APIError:
+    # OpenAI's own type for an unknown model; only unknown routes are `not_found_error`.
+    return APIError(404, f"the model '{model}' does not exist; this server serves '{served}'",
+                    param="model", code="model_not_found")
+
+
 def unavailable(message: str) -> APIError:
     return APIError(503, message, type_="server_error", code="service_unavailable")
 

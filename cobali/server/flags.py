@@ -16,6 +16,15 @@ def _port(text: str) -> int:
     return value
 
 
+def _template_file(path: str) -> str:
+    """The file's text: read here, so every replica gets the text itself, not a path it may not see."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise argparse.ArgumentTypeError(f"cannot read the chat template {path!r}: {err}") from None
+
+
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser, itl_target_ms=DEFAULT_ITL_TARGET_MS)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -26,6 +35,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1 and /slots")
     parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body; beyond it requests get HTTP 413")
+    parser.add_argument("--chat-template", type=_template_file, default=None, metavar="FILE",
+                        help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
     parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
     parser.add_argument("--shutdown-grace", type=non_negative_float, default=30.0,
                         help="on SIGTERM, seconds in-flight requests get to finish before they are aborted")
@@ -38,4 +49,5 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
 def server_config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(host=args.host, port=args.port, max_queue=args.max_queue, api_key=args.api_key,
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
-                        shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address)
+                        shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address,
+                        chat_template=args.chat_template)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jsonschema
+
 # llama.cpp's grammars/json.gbnf, with bounded whitespace so a model cannot pad forever.
 _JSON_RULES = r"""
 value ::= object | array | string | number | boolean | null
@@ -38,6 +40,32 @@ MAX_SCHEMA_DEPTH = 64
 _SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})  # each has a rule of that name
 
 JSON_OBJECT_GRAMMAR = "root ::= object" + _JSON_RULES
+
+
+def check_json_schema(schema: Any) -> None:
+    """A schema that is not valid JSON Schema (draft 2020-12) is the client's bug: ValueError naming it."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise ValueError("the schema must be a JSON object or a boolean")
+    if _nesting(schema) > MAX_SCHEMA_DEPTH:  # before the recursive checks below
+        raise ValueError(f"response_format schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as err:
+        where = "/".join(str(part) for part in err.path) or "the top level"
+        raise ValueError(f"invalid JSON schema at {where}: {err.message}") from None
+
+
+def _nesting(value: Any) -> int:
+    """How deep JSON containers nest, without recursing."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def json_schema_grammar(schema: Any) -> str:
@@ -106,3 +134,21 @@ class _SchemaConverter:
     def _array(self, schema: dict) -> str:
         item = self.visit(schema.get("items", True))
         return self._rule(f'"[" ws ( {item} ( "," ws {item} )* )? "]" ws')
+
+
+# A forced call is written the Hermes way; the parser also reads the other formats a model may use unforced.
+MAX_PARALLEL_CALLS = 8
+
+
+def tool_call_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """One `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (up to MAX_PARALLEL_CALLS with
+    `parallel`) naming one of `functions` (name, parameters schema), its arguments following the schema."""
+    converter = _SchemaConverter()
+    calls = []
+    for name, parameters in functions:
+        arguments = converter.visit(parameters if parameters is not None else {"type": "object"})
+        calls.append(f'"{{\\"name\\": " {_literal(name)} ", \\"arguments\\": " {arguments} "}}"')
+    call = '"<tool_call>\\n" ' + _alternatives(calls) + ' "\\n</tool_call>"'
+    repeat = f' ( "\\n" call ){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
+    rules = "".join(f"{name} ::= {body}\n" for name, body in converter.rules.items())
+    return f"root ::= call{repeat}\ncall ::= {call}\n{rules}{_JSON_RULES}"

@@ -10,20 +10,30 @@ from cobali.engine.sampling import TokenLogprob
 
 
 class LogprobWriter:
-    """Renders a choice's logprobs; in a stream, each call renders only the tokens not sent yet."""
+    """Renders a choice's logprobs; in a stream, each call renders only the tokens not sent yet.
 
-    def __init__(self, token_bytes: Callable[[int], bytes], chat: bool, n_choices: int) -> None:
+    With `echo` (completions only), a choice's first rendering starts with its prompt tokens: the first one
+    has no logprob (nothing predicts it) and shows null, as OpenAI's echo does.
+    """
+
+    def __init__(self, token_bytes: Callable[[int], bytes], chat: bool, n_choices: int, echo: bool = False) -> None:
         self.token_bytes = token_bytes
         self.chat = chat
+        self.echo = echo
         self._sent = [0] * n_choices
         self._text_offset = [0] * n_choices
 
     def render_new(self, index: int, request: Request) -> dict | None:
+        first = self._sent[index] == 0
         entries = request.logprobs[self._sent[index]:]  # the engine thread only appends
-        if not entries and self._sent[index]:
+        if not entries and not first:
             return None
         self._sent[index] += len(entries)
-        return self._chat(entries) if self.chat else self._completion(index, entries)
+        if self.chat:
+            return self._chat(entries)
+        if first and self.echo:  # the prompt's text comes first: rendered first, for the offsets
+            return _joined(self._prompt(index, request), self._completion(index, entries))
+        return self._completion(index, entries)
 
     def _text(self, token: int) -> str:
         return self.token_bytes(token).decode("utf-8", errors="replace")
@@ -36,13 +46,30 @@ class LogprobWriter:
                    for e in entries]
         return {"content": content, "refusal": None}
 
+    def _prompt(self, index: int, request: Request) -> dict:
+        """The echoed prompt's lists; they come before the output's, so the output's offsets move on."""
+        first = self._text(request.prompt_tokens[0])
+        rest = self._completion(index, request.prompt_logprobs)
+        self._text_offset[index] += len(first)
+        return _joined({"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]},
+                       {**rest, "text_offset": [o + len(first) for o in rest["text_offset"]]})
+
     def _completion(self, index: int, entries: list[TokenLogprob]) -> dict:
         tokens = [self._text(e.token) for e in entries]
         offsets = []
         for text in tokens:
             offsets.append(self._text_offset[index])
             self._text_offset[index] += len(text)
-        # Alternatives sharing one text (distinct ids, same piece) keep the likeliest, as a dict must.
-        top = [{self._text(t): lp for t, lp in reversed(e.top)} for e in entries]
-        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": top,
-                "text_offset": offsets}
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [self._top(e) for e in entries], "text_offset": offsets}
+
+    def _top(self, entry: TokenLogprob) -> dict[str, float]:
+        """The alternatives plus the chosen token, which OpenAI always lists (so logprobs=0 gives it alone).
+        Alternatives sharing one text (distinct ids, same piece) keep the likeliest, as a dict must."""
+        top = {self._text(t): lp for t, lp in reversed(entry.top)}
+        top.setdefault(self._text(entry.token), entry.logprob)
+        return top
+
+
+def _joined(head: dict, tail: dict) -> dict:
+    return {key: head[key] + tail[key] for key in head}

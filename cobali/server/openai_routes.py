@@ -1,101 +1,29 @@
-"""POST /v1/completions and /v1/chat/completions: one code path, two response shapes."""
+"""POST /v1/completions, and the generation path it shares with /v1/chat/completions."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import time
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
-from cobali.engine.request import Request as EngineRequest
 from cobali.server.engine_thread import EngineUnavailable, Generation
-from cobali.server.errors import APIError, bad_request, unavailable
+from cobali.server.errors import bad_request, unavailable, unknown_model
 from cobali.server.logprobs import LogprobWriter
-from cobali.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from cobali.server.replies import COMPLETION, Kind, Reply, sse
+from cobali.server.schemas import CompletionRequest, GenerationRequest, ModelLimits
 from cobali.server.state import ServerContext
+from cobali.server.unknown_fields import ignored_fields_headers
 
 router = APIRouter()
 
 
-@dataclass(frozen=True)
-class Kind:
-    """What differs between the two routes: object names and how a choice carries its text."""
-
-    chat: bool
-
-    @property
-    def object(self) -> str:
-        return "chat.completion" if self.chat else "text_completion"
-
-    @property
-    def chunk_object(self) -> str:
-        return "chat.completion.chunk" if self.chat else "text_completion"
-
-    def choice(self, index: int, request: EngineRequest, logprobs: dict | None) -> dict:
-        text = request.text
-        key, value = ("message", {"role": "assistant", "content": text}) if self.chat else ("text", text)
-        return {"index": index, key: value, "logprobs": logprobs, "finish_reason": _finish_reason(request)}
-
-    def chunk_choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict:
-        key, value = ("delta", {"content": text} if text else {}) if self.chat else ("text", text)
-        return {"index": index, key: value, "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-COMPLETION, CHAT = Kind(chat=False), Kind(chat=True)
-
-
-def _finish_reason(request: EngineRequest) -> str | None:
-    return request.finish_reason.value if request.finish_reason is not None else None
-
-
-class Reply:
-    """The envelope shared by a response and all of its stream chunks."""
-
-    def __init__(self, kind: Kind, model: str, generation: Generation, prompt_tokens: int,
-                 logprobs: LogprobWriter | None) -> None:
-        self.kind = kind
-        self.logprobs = logprobs
-        self.id = f"{'chatcmpl' if kind.chat else 'cmpl'}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = model
-        self.generation = generation
-        self.prompt_tokens = prompt_tokens
-
-    def envelope(self, object_name: str, choices: list[dict], usage: bool) -> dict:
-        body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
-                "choices": choices}
-        if usage:
-            completion = sum(len(r.output_tokens) for r in self.generation.requests)
-            body["usage"] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                             "total_tokens": self.prompt_tokens + completion}
-        return body
-
-    def new_logprobs(self, index: int) -> dict | None:
-        """The logprobs of choice `index`'s tokens not reported yet (all of them, in a full response)."""
-        return self.logprobs.render_new(index, self.generation.requests[index]) if self.logprobs else None
-
-    def full(self) -> dict:
-        choices = [self.kind.choice(i, r, self.new_logprobs(i)) for i, r in enumerate(self.generation.requests)]
-        return self.envelope(self.kind.object, choices, usage=True)
-
-    def chunk(self, choices: list[dict], usage: bool = False) -> str:
-        return _sse(self.envelope(self.kind.chunk_object, choices, usage))
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
-
-
 @contextlib.asynccontextmanager
-async def _aborted_on_disconnect(http: Request, generation: Generation) -> AsyncIterator[None]:
+async def aborted_on_disconnect(http: Request, generation: Generation) -> AsyncIterator[None]:
     """Free the slots as soon as the client goes away, even while its requests still wait in the queue."""
 
     async def watch() -> None:
@@ -112,26 +40,20 @@ async def _aborted_on_disconnect(http: Request, generation: Generation) -> Async
 
 
 async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
-    generation = reply.generation
-    async with _aborted_on_disconnect(http, generation):
+    async with aborted_on_disconnect(http, reply.generation):
         try:
-            if reply.kind.chat:  # OpenAI opens each chat choice with the role
-                opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None} for i in range(len(generation.requests))]
-                yield reply.chunk(opening)
-            async for delta in generation.events():
-                request = generation.requests[delta.index]
-                reason = _finish_reason(request) if delta.finished else None
-                logprobs = reply.new_logprobs(delta.index)
-                yield reply.chunk([reply.kind.chunk_choice(delta.index, delta.text, reason, logprobs)])
+            if (opening := reply.opening()) is not None:
+                yield opening
+            async for delta in reply.generation.events():
+                yield reply.delta_chunk(delta)
             if include_usage:
                 yield reply.chunk([], usage=True)
             yield "data: [DONE]\n\n"
         except EngineUnavailable as err:  # headers are sent: report in-band, as OpenAI streams do
-            yield _sse(unavailable(str(err)).body())
+            yield sse(unavailable(str(err)).body())
 
 
-def _tokenize(engine: Engine, prompt: str | list[int], param: str) -> list[int]:
+def tokenize(engine: Engine, prompt: str | list[int], param: str) -> list[int]:
     try:
         return engine.tokenize_prompt(prompt)
     except ValueError as err:
@@ -140,9 +62,9 @@ def _tokenize(engine: Engine, prompt: str | list[int], param: str) -> list[int]:
 
 def _choices(engine: Engine, body: GenerationRequest,
              prompts: list[list[int]]) -> list[tuple[list[int], SamplingParams]]:
-    n_ctx_seq = engine.backend.info.n_ctx_seq
+    limits = ModelLimits(engine.slots.accountant.seq_limit, engine.backend.info.n_vocab)
     try:
-        choices = [(tokens, body.sampling_params(len(tokens), n_ctx_seq, copy))
+        choices = [(tokens, body.sampling_params(len(tokens), limits, copy))
                    for tokens in prompts for copy in range(body.n)]
         if choices[0][1].grammar is not None:  # compile once here: a bad grammar must not reach the engine
             engine.backend.new_sampler(choices[0][1]).close()
@@ -151,46 +73,50 @@ def _choices(engine: Engine, body: GenerationRequest,
     return choices
 
 
-def _engine(http: Request, body: GenerationRequest) -> Engine:
+def served_engine(http: Request, model: str | None) -> Engine:
     """The engine, for a request naming this server's model. Like OpenAI, an unknown model is a 404, not
     silently served by whatever is loaded; leaving `model` out is allowed."""
     server: ServerContext = http.app.state.server
-    if body.model is not None and body.model != server.model_name:
-        raise APIError(404, f"the model '{body.model}' does not exist; this server serves '{server.model_name}'",
-                       param="model", code="model_not_found")
+    if model is not None and model != server.model_name:
+        raise unknown_model(model, server.model_name)
     return server.engine_thread.require_engine()
 
 
-async def _generate(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]],
-                    kind: Kind) -> Response:
+def submit(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]]) -> Generation:
+    """The request's choices (prompts x n), queued on the engine."""
     server: ServerContext = http.app.state.server
-    choices = _choices(engine, body, prompts)
-    generation = server.engine_thread.submit(choices, priority=body.priority)
+    return server.engine_thread.submit(_choices(engine, body, prompts), priority=body.priority)
+
+
+async def generate(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]],
+                   kind: Kind, echoes: list[str] | None = None) -> Response:
+    server: ServerContext = http.app.state.server
+    generation = submit(http, engine, body, prompts)
     logprobs = None
-    if choices[0][1].logprobs is not None:
-        logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(choices))
-    reply = Reply(kind, server.model_name, generation, sum(map(len, prompts)), logprobs)
+    if generation.requests[0].params.logprobs is not None:
+        logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(generation.requests),
+                                 echo=echoes is not None)
+    reply = Reply(kind, server.model_name, generation, sum(map(len, prompts)), logprobs,
+                  None if echoes is None else [e for e in echoes for _ in range(body.n)])
+    headers = ignored_fields_headers(body)
     if body.stream:
         return StreamingResponse(_stream(http, reply, body.include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    async with _aborted_on_disconnect(http, generation):
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+    async with aborted_on_disconnect(http, generation):
         async for _ in generation.events():
             pass
-    return JSONResponse(reply.full())
+    return JSONResponse(reply.full(), headers=headers)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, http: Request) -> Response:
-    engine = _engine(http, body)
-    prompts = [_tokenize(engine, p, "prompt") for p in body.prompts()]
-    return await _generate(http, engine, body, prompts, COMPLETION)
+    engine = served_engine(http, body.model)
+    prompts = [tokenize(engine, p, "prompt") for p in body.prompts()]
+    echoes = None
+    if body.echo:  # the prompt as sent; token-id prompts are rendered from their tokens
+        echoes = [p if isinstance(p, str) else _detokenize(engine, p) for p in body.prompts()]
+    return await generate(http, engine, body, prompts, COMPLETION, echoes)
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
-    engine = _engine(http, body)
-    try:
-        text = engine.backend.apply_chat_template([m.as_template_input() for m in body.messages])
-    except ValueError as err:
-        raise bad_request(str(err), "messages") from None
-    return await _generate(http, engine, body, [_tokenize(engine, text, "messages")], CHAT)
+def _detokenize(engine: Engine, tokens: list[int]) -> str:
+    return b"".join(map(engine.backend.token_bytes, tokens)).decode("utf-8", errors="replace")

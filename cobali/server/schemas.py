@@ -1,11 +1,14 @@
 """Request bodies of the OpenAI-compatible routes.
 
-Strict mode: a wrong JSON type is a 400, never silently coerced ("5" is not an integer). Unknown fields are
-ignored, as OpenAI clients send extras; fields we cannot honour (echo, suffix, tools, ...) are rejected.
+Strict mode: a wrong JSON type is a 400, never silently coerced ("5" is not an integer). Fields we cannot
+honour (suffix, functions, ...) are rejected. Unknown top-level fields are accepted, since clients and SDKs
+send extras for other servers, but never silently: the response names them in an `X-Cobali-Ignored-Fields`
+header and the server logs a warning (cobali.server.ignored).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -20,7 +23,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from cobali.backends.base import MAX_LOGPROBS, SamplingParams
-from cobali.server.grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
+from cobali.server.grammar import JSON_OBJECT_GRAMMAR, check_json_schema, json_schema_grammar
 
 # Choices per HTTP request (prompts x n): each is an engine request holding a slot, and one client should
 # not be able to fill the whole queue.
@@ -29,7 +32,7 @@ MAX_STOP_STRINGS = 16
 C_INT_MAX = 2**31 - 1  # top_k reaches llama.cpp as a C int: a larger value would crash the engine thread
 
 
-def _one_of(expected: str) -> WrapValidator:
+def one_of(expected: str) -> WrapValidator:
     """One clear error for a union, instead of pydantic's one per member (loc 'prompt.str', ...)."""
 
     def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -41,23 +44,49 @@ def _one_of(expected: str) -> WrapValidator:
     return WrapValidator(validate)
 
 
-class _Body(BaseModel):
+def text_batch(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """A batch of texts as OpenAI sends it (`prompt`, `input`): a string, token ids, or a list of either."""
+    if isinstance(value, str):
+        return [value]
+    if value and isinstance(value[0], int):
+        return [list(value)]  # type: ignore[arg-type]
+    return list(value)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a request is checked against once the model is loaded."""
+
+    n_ctx_seq: int  # context tokens one request may use
+    n_vocab: int
+
+
+class Body(BaseModel):
     # allow_inf_nan: Python's json accepts the NaN / Infinity literals; say so instead of a misleading range error.
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
-class StreamOptions(_Body):
+class RequestBody(Body):
+    """A request body: unknown fields are kept aside (model_extra) to be reported, not dropped unseen."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    def ignored_fields(self) -> list[str]:
+        return sorted(self.model_extra or ())
+
+
+class StreamOptions(Body):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(Body):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
     name: str = "response"
     json_schema: dict[str, Any] | bool = Field(default=True, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Body):
+class ResponseFormat(Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -65,6 +94,12 @@ class ResponseFormat(_Body):
     def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("json_schema is required when type is 'json_schema'")
+        return self
+
+    @model_validator(mode="after")
+    def _schema_valid(self) -> ResponseFormat:
+        if self.json_schema is not None:
+            check_json_schema(self.json_schema.json_schema)
         return self
 
     def grammar(self) -> str | None:
@@ -75,11 +110,11 @@ class ResponseFormat(_Body):
         return None
 
 
-class GenerationRequest(_Body):
+class GenerationRequest(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     default_max_tokens: ClassVar[int | None] = 16  # None: up to the end of the context
-    unsupported: ClassVar[tuple[str, ...]] = ()  # fields that must stay unset (None / False / 0)
+    unsupported: ClassVar[tuple[str, ...]] = ()  # fields that must stay unset (None or False)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -91,20 +126,26 @@ class GenerationRequest(_Body):
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     repetition_penalty: float = Field(default=1.0, gt=0, le=100)
     seed: int | None = Field(default=None, ge=0, lt=2**32)
-    stop: Annotated[str | list[str] | None, _one_of("a string or a list of strings")] = None
+    stop: Annotated[str | list[str] | None, one_of("a string or a list of strings")] = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
     priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # lower runs first with `serve --queue priority`
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> GenerationRequest:
         for name in self.unsupported:
-            if getattr(self, name, None):
+            if getattr(self, name, None) not in (None, False):  # {} asks for the feature too
                 raise ValueError(f"{name} is not supported by this server")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream set to true")
+        for key in self.logit_bias or {}:
+            if not key.isdecimal():
+                raise ValueError(f"logit_bias keys must be token ids (decimal integers), got {key!r}")
         stops = self.stop_strings()
         if len(stops) > MAX_STOP_STRINGS or not all(stops):
             raise ValueError(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings")
@@ -122,23 +163,41 @@ class GenerationRequest(_Body):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling_params(self, prompt_tokens: int, n_ctx_seq: int, copy: int) -> SamplingParams:
+    def sampling_params(self, prompt_tokens: int, limits: ModelLimits, copy: int) -> SamplingParams:
         """Engine parameters for one choice. Seeded copies get seed+copy: distinct yet reproducible.
 
-        A max_tokens beyond the context is clamped to the room left (as llama-server does), not refused:
-        generation would stop there anyway, and reserve admission must not wait for KV that cannot exist.
+        A max_tokens that cannot fit beside the prompt is refused (as OpenAI and vLLM do), naming the
+        context length; left out, it means the room left.
         """
-        room = max(1, n_ctx_seq - prompt_tokens)
-        max_tokens = min(self.requested_max_tokens() or room, room)
+        room = max(1, limits.n_ctx_seq - prompt_tokens)
+        max_tokens = self.requested_max_tokens() or room
+        if max_tokens > room:
+            raise ValueError(
+                f"this model's context length is {limits.n_ctx_seq} tokens per request, but {prompt_tokens} "
+                f"prompt tokens + max_tokens {max_tokens} = {prompt_tokens + max_tokens} tokens")
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             seed=None if self.seed is None else (self.seed + copy) % 2**32, stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
-            grammar=self.response_format.grammar() if self.response_format else None,
-            logprobs=self.logprob_count(),
+            grammar=self.grammar(),
+            logprobs=self.logprob_count(), prompt_logprobs=self.prompt_logprob_count(),
+            logit_bias=self.token_biases(limits.n_vocab),
         )
+
+    def grammar(self) -> str | None:
+        return self.response_format.grammar() if self.response_format else None
+
+    def token_biases(self, n_vocab: int) -> tuple[tuple[int, float], ...]:
+        biases = tuple((int(key), value) for key, value in (self.logit_bias or {}).items())
+        for token, _ in biases:
+            if token >= n_vocab:
+                raise ValueError(f"logit_bias: token id {token} is not in the vocabulary [0, {n_vocab})")
+        return biases
+
+    def prompt_logprob_count(self) -> int | None:
+        return None
 
     def logprob_count(self) -> int | None:
         """Top alternatives to report per token; None: no logprobs at all."""
@@ -146,19 +205,22 @@ class GenerationRequest(_Body):
 
 
 class CompletionRequest(GenerationRequest):
-    unsupported: ClassVar[tuple[str, ...]] = ("echo", "suffix")
+    unsupported: ClassVar[tuple[str, ...]] = ("suffix",)
 
     prompt: Annotated[str | list[str] | list[int] | list[list[int]],
-                      _one_of("a string, a list of strings, token ids, or a list of token id lists")]
+                      one_of("a string, a list of strings, token ids, or a list of token id lists")]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = None
 
     @model_validator(mode="after")
     def _check_batch(self) -> CompletionRequest:
         n_prompts = len(self.prompts())
         if n_prompts == 0:
             raise ValueError("prompt must not be empty")
+        if self.best_of not in (None, self.n):
+            raise ValueError("best_of is not supported by this server (other than best_of = n)")
         if n_prompts * self.n > MAX_CHOICES:
             raise ValueError(f"prompts x n must be at most {MAX_CHOICES}, got {n_prompts} x {self.n}")
         return self
@@ -166,50 +228,9 @@ class CompletionRequest(GenerationRequest):
     def logprob_count(self) -> int | None:
         return self.logprobs
 
+    def prompt_logprob_count(self) -> int | None:
+        """Eval harnesses score a text's log-likelihood with echo and logprobs: the prompt's own logprobs."""
+        return self.logprobs if self.echo else None
+
     def prompts(self) -> list[str | list[int]]:
-        """The batch of prompts: a string, token ids, or a list of either."""
-        if isinstance(self.prompt, str):
-            return [self.prompt]
-        if self.prompt and isinstance(self.prompt[0], int):
-            return [list(self.prompt)]  # type: ignore[arg-type]
-        return list(self.prompt)  # type: ignore[arg-type]
-
-
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Body):
-    role: str
-    content: Annotated[str | list[TextPart] | None, _one_of("a string or a list of text parts")] = None
-
-    def as_template_input(self) -> dict[str, str]:
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        return {"role": self.role, "content": content or ""}
-
-
-class ChatCompletionRequest(GenerationRequest):
-    default_max_tokens: ClassVar[int | None] = None
-    unsupported: ClassVar[tuple[str, ...]] = ("tools", "functions")
-
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
-    functions: list[dict[str, Any]] | None = None
-
-    @model_validator(mode="after")
-    def _check_logprobs(self) -> ChatCompletionRequest:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs set to true")
-        return self
-
-    def logprob_count(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens or super().requested_max_tokens()
+        return text_batch(self.prompt)

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.config import EngineSpec
 from cobali.server.app import create_app
+from cobali.server.chat_template import JinjaChatTemplate
 from cobali.server.config import ServerConfig
 from cobali.server.engine_thread import EngineThread
 
@@ -41,7 +42,10 @@ def configure_logging() -> None:
 def build_app(spec: EngineSpec, server: ServerConfig) -> FastAPI:
     """The server's app from its configs; each Ray Serve replica hosts one too (cobali.ray.serve)."""
     model_name = server.served_model_name or Path(spec.backend.model_path or embedded_model_path()).stem
-    return create_app(spec.build_engine, model_name, server.max_queue, server.api_key, server.max_body_bytes)
+    if server.chat_template is not None:
+        JinjaChatTemplate(server.chat_template)  # a template that does not compile fails here, not per request
+    return create_app(spec.build_engine, model_name, server.max_queue, server.api_key, server.max_body_bytes,
+                      server.chat_template)
 
 
 def serve(spec: EngineSpec, settings: ServerConfig) -> int:

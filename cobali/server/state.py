@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from cobali.server.engine_thread import EngineThread
 from cobali.server.metrics import ServerMetrics
@@ -15,3 +16,5 @@ class ServerContext:
     model_name: str
     api_key: str | None = None
     created: int = 0  # unix time the server started, for /v1/models
+    chat_template: str | None = None  # --chat-template: Jinja text used instead of the model's own
+    embedding_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one embeddings call at a time

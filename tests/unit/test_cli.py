@@ -37,3 +37,14 @@ def test_missing_profile_for_an_itl_target_is_a_clear_error(tmp_path, capsys: py
         cli.main(["run", "--prompts", str(prompts), "--itl-target-ms", "100", "--profile", "no-such-profile"])
     assert exit_info.value.code == 2
     assert "--profile 'no-such-profile'" in capsys.readouterr().err
+
+
+def test_a_bad_chat_template_file_is_a_clear_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for %}")
+    for path, fragment in [(tmp_path / "missing.jinja", "cannot read the chat template"),
+                           (broken, "the chat template does not compile")]:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["serve", "--chat-template", str(path), "--port", "0"])
+        assert exit_info.value.code == 2
+        assert fragment in capsys.readouterr().err

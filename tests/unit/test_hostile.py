@@ -4,7 +4,7 @@ Decisions these cases pin down:
 - an unknown `model` is a 404 `model_not_found` (as OpenAI); leaving `model` out is fine;
 - bodies over --max-body-bytes (default 4 MiB) are a 413 before anything is parsed;
 - prompts longer than the context are a 400; n and prompts x n are capped at 16;
-- a max_tokens beyond the context is clamped to the room left (finish_reason "length"), not refused.
+- a max_tokens beyond the room the context leaves is a 400 stating the context length (as OpenAI, vLLM).
 """
 
 from __future__ import annotations
@@ -105,20 +105,13 @@ def test_after_the_corpus_the_server_still_serves(hostile_api: TestClient) -> No
     assert body["usage"]["completion_tokens"] == 4
 
 
-def test_huge_max_tokens_is_clamped_to_the_context(hostile_api: TestClient) -> None:
-    response = hostile_api.post("/v1/completions", json={"prompt": "abcd", "max_tokens": 10**30,
-                                                         "ignore_eos": True})
-    assert response.status_code == 200, response.text
-    body = response.json()
-    assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"]["total_tokens"] == N_CTX_SEQ
-
-
-def raw_exchange(port: int, head: bytes) -> bytes:
-    """Sends a request head (and no body) over a raw socket; what the server answers before closing."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(head)
-        return sock.recv(65536)
+def test_huge_max_tokens_is_refused_naming_the_context(hostile_api: TestClient) -> None:
+    response = hostile_api.post("/v1/completions", json={"prompt": "abcd", "max_tokens": 10**30})
+    assert response.status_code == 400
+    assert f"context length is {N_CTX_SEQ} tokens" in response.json()["error"]["message"]
+    exact = hostile_api.post("/v1/completions", json={"prompt": "abcd", "max_tokens": N_CTX_SEQ - 4,
+                                                      "ignore_eos": True})
+    assert exact.status_code == 200 and exact.json()["usage"]["total_tokens"] == N_CTX_SEQ
 
 
 def test_body_limit_on_a_live_server() -> None:
@@ -134,11 +127,13 @@ def test_body_limit_on_a_live_server() -> None:
 
         chunked = client.post("/v1/completions", content=chunks(), headers=JSON)
         assert chunked.status_code == 413
-        # A declared length over the limit is answered at once, without waiting for a body never sent.
+        # A client that waits for "100 Continue" before sending a body over the limit is answered at once.
         port = server.servers[0].sockets[0].getsockname()[1]
         head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 10485760\r\n\r\n")
-        assert raw_exchange(port, head).startswith(b"HTTP/1.1 413")
+                b"Expect: 100-continue\r\nContent-Length: 10485760\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(head)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 413")
         # Just under the limit: read and parsed, then refused for the context, not the size.
         under = client.post("/v1/completions", json={"prompt": "a" * (3 * MIB)})
         assert under.status_code == 400 and "context holds" in under.json()["error"]["message"]

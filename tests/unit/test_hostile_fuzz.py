@@ -34,6 +34,15 @@ FIELDS = {
                                                optional={"content": st.text(max_size=20) | json_value}),
                          max_size=3) | json_value,
     "model": st.sampled_from(["fake-model", "other"]) | json_value,
+    "logit_bias": st.dictionaries(st.text(max_size=6), st.floats(-200, 200)) | json_value,
+    "echo": st.booleans(), "logprobs": st.integers(-1, 30) | st.booleans() | json_value,
+    "input": st.text(max_size=40) | st.lists(st.text(max_size=10), max_size=4) | st.lists(st.integers(-5, 200),
+                                                                                           max_size=8) | json_value,
+    "encoding_format": st.sampled_from(["float", "base64"]) | json_value,
+    "instructions": st.text(max_size=20) | json_value, "max_output_tokens": st.integers(-3, 10**9) | json_value,
+    "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.text(max_size=8)}, optional={"parameters": json_value})}), max_size=2) | json_value,
+    "tool_choice": st.sampled_from(["auto", "none", "required"]) | json_value,
 }
 bodies = st.fixed_dictionaries({}, optional=FIELDS) | json_value
 
@@ -46,7 +55,7 @@ def fuzz_api() -> Iterator[TestClient]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses"])
 @settings(max_examples=300, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies)

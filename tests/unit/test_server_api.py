@@ -164,7 +164,7 @@ def test_response_format_is_accepted(api: TestClient) -> None:
     ({"prompt": "x", "temperature": -1}, "temperature", "greater than or equal to 0"),
     ({"prompt": "x", "stop": ""}, None, "non-empty"),
     ({"prompt": "x", "logprobs": 21}, "logprobs", "less than or equal to 20"),
-    ({"prompt": "x", "echo": True}, None, "echo is not supported"),
+    ({"prompt": "x", "suffix": "y"}, None, "suffix is not supported"),
     ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format", "json_schema is requ"),
     ({"max_tokens": 3}, "prompt", "Field required"),
     ({"prompt": "x", "priority": "high"}, "priority", "valid integer"),

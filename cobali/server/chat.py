@@ -1,0 +1,48 @@
+"""POST /v1/chat/completions: messages through the chat template, tools in and tool calls out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from cobali.engine.engine import Engine
+from cobali.server.chat_schemas import ChatCompletionRequest
+from cobali.server.chat_template import ChatPrompter
+from cobali.server.errors import bad_request
+from cobali.server.openai_routes import generate, served_engine, tokenize
+from cobali.server.replies import CHAT
+from cobali.server.state import ServerContext
+
+router = APIRouter()
+
+
+def chat_prompter(http: Request, engine: Engine) -> ChatPrompter:
+    """Built once, on first use: the template is the loaded model's (or the --chat-template override)."""
+    state = http.app.state
+    if getattr(state, "prompter", None) is None:
+        server: ServerContext = state.server
+        source = engine.backend.chat_template_source()
+        if server.chat_template is not None:
+            source = dataclasses.replace(source, text=server.chat_template)
+        state.prompter = ChatPrompter(source, engine.backend.apply_chat_template)
+    return state.prompter
+
+
+def chat_prompt(http: Request, engine: Engine, body: ChatCompletionRequest) -> list[int]:
+    """The prompt's tokens: the messages and active tools through the chat template."""
+    messages = [m.as_template_input() for m in body.messages]
+    tools = [t.model_dump(exclude_none=True) for t in body.active_tools] or None
+    try:
+        text = chat_prompter(http, engine).prompt(messages, tools)
+    except ValueError as err:
+        raise bad_request(str(err), "messages") from None
+    return tokenize(engine, text, "messages")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
+    engine = served_engine(http, body.model)
+    kind = dataclasses.replace(CHAT, tool_names=frozenset(t.function.name for t in body.active_tools))
+    return await generate(http, engine, body, [chat_prompt(http, engine, body)], kind)

@@ -1,0 +1,130 @@
+"""The response shapes of /v1/completions and /v1/chat/completions, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cobali.engine.request import Request as EngineRequest
+from cobali.server.engine_thread import Delta, Generation
+from cobali.server.logprobs import LogprobWriter
+from cobali.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What differs between the routes: object names, how a choice carries its text, and (chat) the tools
+    whose calls are read from the output."""
+
+    chat: bool
+    tool_names: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def choice(self, index: int, text: str, request: EngineRequest, logprobs: dict | None) -> dict:
+        reason = finish_reason(request)
+        if not self.chat:
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        message: dict = {"role": "assistant", "content": text}
+        if self.tool_names:
+            content, calls = parse_tool_calls(text, set(self.tool_names))
+            if calls:
+                message = {"role": "assistant", "content": content,
+                           "tool_calls": [c.as_openai() for c in calls]}
+                reason = "tool_calls"
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+
+    def chunk_choice(self, index: int, text: str, reason: str | None, logprobs: dict | None,
+                     calls: Sequence[ParsedCall] = ()) -> dict:
+        if not self.chat:
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        delta: dict = {"content": text} if text else {}
+        if calls:
+            delta["tool_calls"] = [c.as_openai(i) for i, c in enumerate(calls)]
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+
+
+COMPLETION, CHAT = Kind(chat=False), Kind(chat=True)
+
+
+def finish_reason(request: EngineRequest) -> str | None:
+    return request.finish_reason.value if request.finish_reason is not None else None
+
+
+class Reply:
+    """The envelope shared by a response and all of its stream chunks."""
+
+    def __init__(self, kind: Kind, model: str, generation: Generation, prompt_tokens: int,
+                 logprobs: LogprobWriter | None, echoes: list[str] | None = None) -> None:
+        self.kind = kind
+        self.logprobs = logprobs
+        self._echoes = echoes  # per choice, the prompt text that opens it (completions' echo)
+        self.id = f"{'chatcmpl' if kind.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.generation = generation
+        self.prompt_tokens = prompt_tokens
+        n = len(generation.requests)
+        self._tool_streams = [ToolCallStream(set(kind.tool_names)) for _ in range(n)] if kind.tool_names else None
+
+    def envelope(self, object_name: str, choices: list[dict], usage: bool) -> dict:
+        body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
+                "choices": choices}
+        if usage:
+            completion = sum(len(r.output_tokens) for r in self.generation.requests)
+            body["usage"] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                             "total_tokens": self.prompt_tokens + completion}
+        return body
+
+    def new_logprobs(self, index: int) -> dict | None:
+        """The logprobs of choice `index`'s tokens not reported yet (all of them, in a full response)."""
+        return self.logprobs.render_new(index, self.generation.requests[index]) if self.logprobs else None
+
+    def echo(self, index: int) -> str:
+        """The echoed prompt of choice `index` the first time it is asked for, then ''."""
+        if self._echoes is None:
+            return ""
+        text, self._echoes[index] = self._echoes[index], ""
+        return text
+
+    def full(self) -> dict:
+        choices = [self.kind.choice(i, self.echo(i) + r.text, r, self.new_logprobs(i))
+                   for i, r in enumerate(self.generation.requests)]
+        return self.envelope(self.kind.object, choices, usage=True)
+
+    def opening(self) -> str | None:
+        """OpenAI opens each streamed chat choice with the role."""
+        if not self.kind.chat:
+            return None
+        return self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None} for i in range(len(self.generation.requests))])
+
+    def delta_chunk(self, delta: Delta) -> str:
+        request = self.generation.requests[delta.index]
+        reason = finish_reason(request) if delta.finished else None
+        text, calls = self.echo(delta.index) + delta.text, []
+        if self._tool_streams is not None:
+            stream = self._tool_streams[delta.index]
+            text = stream.push(text)
+            if delta.finished:
+                rest, calls = stream.finish()
+                text += rest
+                reason = "tool_calls" if calls else reason
+        choice = self.kind.chunk_choice(delta.index, text, reason, self.new_logprobs(delta.index), calls)
+        return self.chunk([choice])
+
+    def chunk(self, choices: list[dict], usage: bool = False) -> str:
+        return sse(self.envelope(self.kind.chunk_object, choices, usage))
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
