@@ -10,7 +10,7 @@
 # every Poisson rate, then searches each one's capacity under SLO (TTFT p99 <= 5 s, TPOT p99 <= 150 ms):
 # the table, capacities, sweep.json and one plot per metric against rate land in $OUT/sweep.
 # RATES= (empty): the closed-loop comparison instead, CONCURRENCY requests in flight, one server at a time.
-# A full sweep takes about an hour of both CPU cores at the default sizes.
+# A full sweep (3 rates, REPEAT=2, 2 bisections, both servers) takes about an hour of both CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORKLOAD=${1:-workloads/mixed_length.json}
@@ -25,6 +25,7 @@ RATES=${RATES-0.2,0.35,0.5}
 NUM_PROMPTS=${NUM_PROMPTS:-48}
 GOODPUT=${GOODPUT:-ttft:5000,tpot:150}
 CAPACITY_STEPS=${CAPACITY_STEPS:-2}
+REPEAT=${REPEAT:-2}  # runs per rate: medians, with the run-to-run noise beside them
 PORT_LLAMA=${PORT_LLAMA:-8091}
 PORT_COBALI=${PORT_COBALI:-8092}
 OUT=${OUT:-results/vs_llama_server}
@@ -71,7 +72,8 @@ if [ -n "$RATES" ]; then
   start_cobali "$@"
   .venv/bin/cobali bench serve --url "llama-server=http://127.0.0.1:$PORT_LLAMA" \
     --url "cobali=http://127.0.0.1:$PORT_COBALI" --prompts "$WORKLOAD" --num-prompts "$NUM_PROMPTS" \
-    --sweep "$RATES" --goodput "$GOODPUT" --capacity-steps "$CAPACITY_STEPS" --out "$OUT/sweep" \
+    --sweep "$RATES" --goodput "$GOODPUT" --capacity-steps "$CAPACITY_STEPS" --repeat "$REPEAT" \
+    --out "$OUT/sweep" \
     | tee "$OUT/sweep.txt"
   exit 0
 fi

@@ -11,6 +11,7 @@ between the highest passing and the lowest failing rate the search bisects `step
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -110,3 +111,19 @@ def sweep_row(rate: float, result: ServeResult, limits: dict[str, float] | None)
         row["goodput_req_s"] = goodput(result, limits)
     return row
 
+
+def combine_repeats(rows: Sequence[dict]) -> dict:
+    """Runs repeated at one rate as one row: every number the median of the runs (failures summed), and
+    `noise` the half-spread of each number relative to its median: the run-to-run noise to quote beside it."""
+    if len(rows) == 1:
+        return dict(rows[0])
+    merged, noise = dict(rows[0]), {}
+    for key in rows[0]:
+        values = [r.get(key) for r in rows]
+        if key == "rate" or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            continue
+        merged[key] = statistics.median(values)
+        if merged[key]:
+            noise[key] = (max(values) - min(values)) / 2 / abs(merged[key])
+    merged["failed"] = sum(r["failed"] for r in rows)
+    return {**merged, "repeats": len(rows), "noise": noise}

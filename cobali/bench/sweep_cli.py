@@ -13,6 +13,7 @@ from cobali.bench.serve_client import ServeOptions, run_serve
 from cobali.bench.sweep import (
     CAPACITY_METRICS,
     GOODPUT_METRICS,
+    combine_repeats,
     meets,
     parse_limits,
     parse_rates,
@@ -39,6 +40,8 @@ def add_sweep_args(serve: argparse.ArgumentParser) -> None:
                             f"definition; names: {', '.join(GOODPUT_METRICS)})")
     serve.add_argument("--slo", default=DEFAULT_SLO, metavar="ttft_p99:MS,tpot_p99:MS",
                        help=f"capacity: the highest rate whose run holds these p99s (default {DEFAULT_SLO})")
+    serve.add_argument("--repeat", type=int, default=1,
+                       help="runs per rate; the table shows their medians and each one's noise (±half-spread)")
     serve.add_argument("--capacity-steps", type=int, default=2,
                        help="bisections between the highest passing and lowest failing rate (default 2)")
 
@@ -52,6 +55,8 @@ def sweep_settings(args: argparse.Namespace) -> tuple[tuple[float, ...], dict | 
     """Every sweep flag checked before any server is contacted."""
     if args.capacity_steps < 0:
         raise ValueError(f"--capacity-steps must be >= 0, got {args.capacity_steps}")
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     limits = parse_limits(args.goodput, GOODPUT_METRICS, "--goodput") if args.goodput else None
     return parse_rates(args.rate_sweep), limits, parse_limits(args.slo, CAPACITY_METRICS, "--slo")
 
@@ -66,7 +71,8 @@ def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list
 
         def held(rate: float, url: str = url, rows: list[dict] = rows) -> bool:
             options = serve_options(args, url, args.concurrency or len(items), rate)
-            rows.append(sweep_row(rate, asyncio.run(run_serve(items, options)), limits))
+            runs = [sweep_row(rate, asyncio.run(run_serve(items, options)), limits) for _ in range(args.repeat)]
+            rows.append(combine_repeats(runs))
             return meets(rows[-1], slo)
 
         capacity = search_capacity(held, rates, args.capacity_steps)
@@ -93,7 +99,14 @@ def format_sweep(results: dict[str, dict], slo: dict[str, float]) -> str:
     lines = [header]
     for name, result in results.items():
         for row in result["rows"]:
-            cells = "".join(f"{row[key]:>17.2f}" if row.get(key) is not None else f"{'-':>17}"
-                            for key, _ in columns)
+            cells = "".join(f"{_cell(row, key):>17}" for key, _ in columns)
             lines.append(f"{name:<16}{row['rate']:>7.3g}{cells}{'ok' if meets(row, slo) else 'miss':>6}")
     return "\n".join(lines)
+
+
+def _cell(row: dict, key: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    noise = row.get("noise", {}).get(key)
+    return f"{value:.2f}" if noise is None else f"{value:.1f}±{noise:.0%}"

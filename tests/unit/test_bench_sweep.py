@@ -16,7 +16,7 @@ import pytest
 from cobali import cli
 from cobali.bench import sweep_cli
 from cobali.bench.serve_client import ClientRecord, ServeResult, run_serve
-from cobali.bench.sweep import goodput, meets, parse_limits, parse_rates, search_capacity, slo_metrics
+from cobali.bench.sweep import combine_repeats, goodput, meets, parse_limits, parse_rates, search_capacity, slo_metrics
 from tests.unit.test_bench_serve import FakeServer
 
 
@@ -64,6 +64,15 @@ def test_capacity_is_the_highest_rate_that_holds_after_bisection() -> None:
     assert search_capacity(lambda r: False, (0.2, 0.5), steps=3).rate is None
 
 
+def test_repeats_combine_into_medians_with_their_noise() -> None:
+    runs = [{"rate": 0.5, "ttft_p99_ms": v, "failed": f, "tpot_p99_ms": None} for v, f in ((90.0, 0), (100.0, 1),
+                                                                                      (130.0, 0))]
+    row = combine_repeats(runs)
+    assert (row["rate"], row["ttft_p99_ms"], row["failed"], row["repeats"]) == (0.5, 100.0, 1, 3)
+    assert row["noise"] == {"ttft_p99_ms": pytest.approx(0.2)} and row["tpot_p99_ms"] is None
+    assert combine_repeats(runs[:1]) == runs[0]
+
+
 def test_meets_reads_the_p99s_and_fails_runs_with_errors() -> None:
     slo = {"ttft_p99": 5000.0, "tpot_p99": 150.0}
     assert meets({"ttft_p99_ms": 4000.0, "tpot_p99_ms": 150.0, "failed": 0}, slo)
@@ -86,17 +95,19 @@ def test_sweep_runs_every_server_at_every_rate_and_plots_each_metric(tmp_path: P
         code = cli.main(["bench", "serve", "--url", "fast=http://bench.test:8001", "--url",
                          "slow=http://bench.test:8002", "--prompts", str(prompts), "--sweep", "400,200",
                          "--goodput", "tpot:15", "--slo", "ttft_p99:5000,tpot_p99:15", "--capacity-steps", "1",
+                         "--repeat", "2",
                          "--out", str(tmp_path / "r")])
     assert code == 0
     sweep = json.loads((tmp_path / "r" / "sweep.json").read_text())
     fast_rows, slow_rows = (sweep["servers"][name]["rows"] for name in ("fast", "slow"))
     assert [r["rate"] for r in fast_rows] == [200.0, 400.0] and len(slow_rows) == 2
-    assert all(r["requests"] == 4 and r["failed"] == 0 for r in fast_rows + slow_rows)
+    assert all(r["requests"] == 4 and r["failed"] == 0 and r["repeats"] == 2 for r in fast_rows + slow_rows)
+    assert all("ttft_p99_ms" in r["noise"] for r in slow_rows)
     # Six tokens each (the fake's usage): the slow server's 2 x 50 ms over 5 tokens miss a 15 ms TPOT.
     assert [r["goodput_req_s"] > 0 for r in fast_rows + slow_rows] == [True, True, False, False]
     capacities = {name: server["capacity"]["rate"] for name, server in sweep["servers"].items()}
     assert capacities == {"fast": 400.0, "slow": None}
-    assert len(fast.bodies) == len(slow.bodies) == 8  # both rates, every prompt; no bisection without a bound
+    assert len(fast.bodies) == len(slow.bodies) == 16  # two runs at both rates; no bisection without a bound
     for name in ("ttft_p99", "tpot_p50", "itl_p99", "goodput_req_s", "output_tok_s"):
         assert (tmp_path / "r" / f"sweep_{name}.png").read_bytes().startswith(b"\x89PNG")
     assert "capacity >= 400 req/s" in out.getvalue()
@@ -105,6 +116,7 @@ def test_sweep_runs_every_server_at_every_rate_and_plots_each_metric(tmp_path: P
 @pytest.mark.parametrize(("flags", "message"), [
     (["--sweep", "fast"], "--sweep"), (["--sweep", "1", "--goodput", "ttft"], "--goodput"),
     (["--sweep", "1", "--slo", "ttft_p50:1"], "--slo"), (["--url", "x=h:1"], "--url"),
+    (["--sweep", "1", "--repeat", "0"], "--repeat"),
 ])
 def test_bad_sweep_flags_are_named(tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str],
                                    message: str) -> None:
