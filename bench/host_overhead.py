@@ -40,15 +40,22 @@ class Arrays:
 class NullBackend:
     """A model-free backend whose decode costs nothing: the logits are allocated once, token 1 wins."""
 
-    def __init__(self, n_slots: int, n_batch: int, n_vocab: int) -> None:
+    def __init__(self, n_slots: int, n_batch: int, n_vocab: int, device_argmax: bool = False) -> None:
         self.info = BackendInfo(n_vocab=n_vocab, n_ctx=CTX_PER_SEQ * n_slots, n_ctx_seq=CTX_PER_SEQ,
                                 n_seq_max=n_slots, n_batch=n_batch, kv_unified=False, description="null")
         self.logits = np.zeros((n_batch, n_vocab), dtype=np.float32)
         self.logits[:, 1] = 1.0
+        self.device_argmax = device_argmax
+        self.best = np.ones(n_batch, dtype=np.int64)
         self.arrays = Arrays(*(np.zeros(n_batch, dtype=t) for t in (np.int32, np.int32, np.int32, np.int8)))
 
     def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
         return self.logits[: int(np.count_nonzero(want_logits))]
+
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        if self.device_argmax:  # as a GPU backend would: the reduction ran beside the decode, not on the host
+            return self.best[: len(logits)]
+        return logits.argmax(axis=1)
 
     def batch_arrays(self) -> Arrays:
         return self.arrays
@@ -78,9 +85,10 @@ class NullBackend:
         pass
 
 
-def measure(n_slots: int, ticks: int, prompt_tokens: int, n_vocab: int) -> dict:
+def measure(n_slots: int, ticks: int, prompt_tokens: int, n_vocab: int, device_argmax: bool = False) -> dict:
     n_batch = max(512, n_slots)
-    engine = Engine(NullBackend(n_slots, n_batch, n_vocab), EngineConfig(max_slots=n_slots, n_batch=n_batch))
+    backend = NullBackend(n_slots, n_batch, n_vocab, device_argmax)
+    engine = Engine(backend, EngineConfig(max_slots=n_slots, n_batch=n_batch))
     prefill_ticks = -(-n_slots * prompt_tokens // n_batch) + 1
     params = SamplingParams(max_tokens=prefill_ticks + ticks + 8, ignore_eos=True)
     for i in range(n_slots):
@@ -101,13 +109,16 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=300, help="steady decode ticks measured per size")
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--n-vocab", type=int, default=49152, help="logits width (SmolLM2's vocabulary by default)")
+    parser.add_argument("--device-argmax", action="store_true",
+                        help="the backend returns the greedy tokens (a GPU backend's on-device argmax) instead of "
+                             "the engine reducing the logits on the host; checkouts before it ignore it")
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args()
     print(f"cobali from {cobali.__file__}")
     print(f"{'slots':>6} {'ticks':>6} {'host ms/tick mean':>18} {'median':>8} {'min':>8}")
     rows = []
     for n_slots in args.slots:
-        row = measure(n_slots, args.ticks, args.prompt_tokens, args.n_vocab)
+        row = measure(n_slots, args.ticks, args.prompt_tokens, args.n_vocab, args.device_argmax)
         rows.append(row)
         print(f"{row['slots']:>6} {row['ticks']:>6} {row['host_ms_mean']:>18.3f} {row['host_ms_median']:>8.3f} "
               f"{row['host_ms_min']:>8.3f}")

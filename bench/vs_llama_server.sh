@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# cobali serve vs llama.cpp's own llama-server on the same model, threads, slots, workload and client.
+# cobali serve vs llama.cpp's own llama-server on the same model, threads, slots, context per slot, workload
+# and client.
 #   bench/vs_llama_server.sh [WORKLOAD] [-- extra cobali serve flags]
 # llama-server is built from the llama.cpp vendored in the llama-cpp-python sdist, into a cache outside
-# the repo (bench/build_llama_tools.sh). Both servers are started in turn on 127.0.0.1, driven by
-# `cobali bench serve` (streaming /v1/completions, ignore_eos so output lengths match), then stopped.
+# the repo (bench/build_llama_tools.sh). Both servers run on 127.0.0.1, driven by `cobali bench serve`
+# (streaming /v1/completions, ignore_eos so output lengths match), then stopped.
+#
+# RATES set (the default): both servers stay up and one `cobali bench serve --sweep` runs each in turn at
+# every Poisson rate, then searches each one's capacity under SLO (TTFT p99 <= 5 s, TPOT p99 <= 150 ms):
+# the table, capacities, sweep.json and one plot per metric against rate land in $OUT/sweep.
+# RATES= (empty): the closed-loop comparison instead, CONCURRENCY requests in flight, one server at a time.
+# A full sweep (3 rates, REPEAT=2, 2 bisections, both servers) takes about an hour of both CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORKLOAD=${1:-workloads/mixed_length.json}
@@ -12,7 +19,13 @@ shift $(( $# > 0 ? 1 : 0 ))
 SLOTS=${SLOTS:-16}
 THREADS=${THREADS:-2}
 CONCURRENCY=${CONCURRENCY:-64}
-CTX=$((SLOTS * 2048))
+CTX_PER_SLOT=${CTX_PER_SLOT:-2048}
+CTX=$((SLOTS * CTX_PER_SLOT))
+RATES=${RATES-0.2,0.35,0.5}
+NUM_PROMPTS=${NUM_PROMPTS:-48}
+GOODPUT=${GOODPUT:-ttft:5000,tpot:150}
+CAPACITY_STEPS=${CAPACITY_STEPS:-2}
+REPEAT=${REPEAT:-2}  # runs per rate: medians, with the run-to-run noise beside them
 PORT_LLAMA=${PORT_LLAMA:-8091}
 PORT_COBALI=${PORT_COBALI:-8092}
 OUT=${OUT:-results/vs_llama_server}
@@ -34,21 +47,44 @@ run_client() {  # name port
     --concurrency "$CONCURRENCY" --out "$OUT/$1" | tee "$OUT/$1.txt"
 }
 
-# --no-repack: the AMX extra buffer type segfaults on these CPUs (cobali uses the same setting).
-"$BIN/llama-server" -m "$MODEL" -np "$SLOTS" -c "$CTX" -t "$THREADS" -tb "$THREADS" -b 512 -ub 512 \
-  --no-repack --host 127.0.0.1 --port "$PORT_LLAMA" >"$OUT/llama-server.log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
-wait_healthy "$PORT_LLAMA"
-run_client llama-server "$PORT_LLAMA"
-kill "$pid"; wait "$pid" 2>/dev/null || true
+start_llama_server() {
+  # --no-repack: the AMX extra buffer type segfaults on these CPUs (cobali uses the same setting).
+  # --no-kv-unified: one KV stream of CTX_PER_SLOT cells per slot, as cobali's default layout.
+  "$BIN/llama-server" -m "$MODEL" -np "$SLOTS" -c "$CTX" --no-kv-unified -t "$THREADS" -tb "$THREADS" \
+    -b 512 -ub 512 --no-repack --host 127.0.0.1 --port "$PORT_LLAMA" >"$OUT/llama-server.log" 2>&1 &
+  llama_pid=$!
+  wait_healthy "$PORT_LLAMA"
+  grep -o "n_ctx_slot = [0-9]*" "$OUT/llama-server.log" | head -1 >&2 || true
+}
 
-.venv/bin/cobali serve --max-slots "$SLOTS" --threads "$THREADS" --port "$PORT_COBALI" "$@" \
-  >"$OUT/cobali.log" 2>&1 &
-pid=$!
-wait_healthy "$PORT_COBALI"
+start_cobali() {
+  .venv/bin/cobali serve --max-slots "$SLOTS" --ctx "$CTX" --threads "$THREADS" --port "$PORT_COBALI" "$@" \
+    >"$OUT/cobali.log" 2>&1 &
+  cobali_pid=$!
+  wait_healthy "$PORT_COBALI"
+}
+
+llama_pid= cobali_pid=
+trap 'kill $llama_pid $cobali_pid 2>/dev/null || true' EXIT
+
+if [ -n "$RATES" ]; then
+  start_llama_server
+  start_cobali "$@"
+  .venv/bin/cobali bench serve --url "llama-server=http://127.0.0.1:$PORT_LLAMA" \
+    --url "cobali=http://127.0.0.1:$PORT_COBALI" --prompts "$WORKLOAD" --num-prompts "$NUM_PROMPTS" \
+    --sweep "$RATES" --goodput "$GOODPUT" --capacity-steps "$CAPACITY_STEPS" --repeat "$REPEAT" \
+    --out "$OUT/sweep" \
+    | tee "$OUT/sweep.txt"
+  exit 0
+fi
+
+start_llama_server
+run_client llama-server "$PORT_LLAMA"
+kill "$llama_pid"; wait "$llama_pid" 2>/dev/null || true
+
+start_cobali "$@"
 run_client cobali "$PORT_COBALI"
-kill "$pid"; wait "$pid" 2>/dev/null || true
+kill "$cobali_pid"; wait "$cobali_pid" 2>/dev/null || true
 
 .venv/bin/python - "$OUT" <<'PY'
 import json, sys

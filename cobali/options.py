@@ -57,7 +57,8 @@ def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0)
     parser.add_argument("--kv-admission", choices=KV_POLICIES, default="reserve",
                         help="reserve: admit only what fits to max_tokens; optimistic: admit on prompt, preempt")
     parser.add_argument("--queue", choices=QUEUE_ORDERS, default="fifo",
-                        help="waiting order (priority: lower `priority` first)")
+                        help="waiting order (priority: lower `priority` first; srpf: shortest remaining prompt "
+                             "first with aging, also for prompts being prefilled)")
     parser.add_argument("--itl-target-ms", type=non_negative_float, default=itl_target_ms,
                         help="adaptive chunking: size each tick's prefill to keep the predicted tick under this "
                              f"(0 = fixed budget: --n-batch and --prefill-chunk-tokens; default {itl_target_ms:g})")

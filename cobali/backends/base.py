@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import numpy as np
@@ -49,7 +50,7 @@ class SamplingParams:
                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         _check(all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite")
 
-    @property
+    @cached_property  # read for every sampled token
     def is_greedy(self) -> bool:
         """Greedy rows are sampled by one vectorized argmax; anything that reshapes logits needs a chain."""
         return (
@@ -144,6 +145,11 @@ class Backend(Protocol):
         """Run one forward pass over the rows and return the logits of rows with want_logits set,
         in row order, shape (n_outputs, n_vocab). The array is only valid until the next decode.
         Raises DecodeError."""
+        ...
+
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        """The most likely token of every row of `logits`, the last decode's output. At hundreds of rows the
+        logits are tens of MB: a GPU backend answers from the device, which no host pass over them can match."""
         ...
 
     def batch_arrays(self) -> BatchArrays:

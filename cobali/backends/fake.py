@@ -55,6 +55,9 @@ class FakeBackend:
         self.last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)
         self._arrays = BatchArrays.zeros(self.n_batch)
 
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        return logits.argmax(axis=1)
+
     def batch_arrays(self) -> BatchArrays:
         return self._arrays
 

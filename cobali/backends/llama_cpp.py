@@ -112,6 +112,9 @@ class LlamaCppBackend:
         # llama_get_logits returns the output rows in batch order; view them without copying.
         return np.ctypeslib.as_array(ll.llama_get_logits(self.ctx), shape=(n_out, self.info.n_vocab))
 
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        return logits.argmax(axis=1)
+
     def batch_arrays(self) -> BatchArrays:
         return self._batch.arrays
 

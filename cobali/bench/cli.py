@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cobali.bench import fidelity_cli, plots
+from cobali.bench import fidelity_cli, plots, sweep_cli
 from cobali.bench.offline import BenchConfig, LoadOptions, parse_configs, run_configs, sweep_configs
 from cobali.bench.report import (
     add_speedups,
@@ -18,7 +18,7 @@ from cobali.bench.report import (
     run_summary,
     write_offline_files,
 )
-from cobali.bench.serve_client import ServeOptions, run_serve
+from cobali.bench.serve_client import endpoints, run_serve
 from cobali.bench.trace import write_trace
 from cobali.config import build_backend
 from cobali.metrics import latency_samples, write_json
@@ -51,13 +51,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=bench_command)
     nested = parser.add_subparsers(dest="bench_command", metavar="{serve,fidelity}")
     serve = nested.add_parser("serve", help="stream a workload against an OpenAI-compatible /v1/completions")
-    serve.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    serve.add_argument("--url", required=True, action="append", metavar="[NAME=]URL",
+                       help="server root, e.g. http://127.0.0.1:8000; repeat to measure several in turn")
     add_load_args(serve, prompts_required=True)
-    serve.add_argument("--concurrency", type=positive_int, default=1, help="most requests in flight")
+    serve.add_argument("--concurrency", type=positive_int, default=None,
+                       help="most requests in flight (default 1; with --sweep, unbounded: open loop)")
     # dest differs from the engine's --model (a GGUF path) so the two never overwrite each other.
     serve.add_argument("--model", dest="served_model", default=None,
                        help="model name to send (default: the first one the server lists)")
     serve.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    sweep_cli.add_sweep_args(serve)
     serve.set_defaults(func=serve_command)
     fidelity_cli.register(nested)
 
@@ -107,24 +110,45 @@ def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def server_urls(specs: list[str]) -> list[tuple[str, str]]:
+    """--url values as (name, url): 'llama=http://h:1' is named llama; a bare URL by its host:port."""
+    servers = []
+    for spec in specs:
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            name, url = urlsplit(spec).netloc or spec, spec
+        endpoints(url)  # a bad URL fails here, before any request
+        servers.append((name, url))
+    if len({name for name, _ in servers}) < len(servers):
+        raise ValueError(f"--url: two servers share a name in {specs}; name them NAME=URL")
+    return servers
+
+
 def serve_command(args: argparse.Namespace) -> int:
     items = load_items(args.prompts, args.num_prompts)
-    options = ServeOptions(url=args.url, concurrency=args.concurrency, request_rate=args.request_rate,
-                           burstiness=args.burstiness, seed=args.seed, max_new=args.max_new,
-                           model=args.served_model, api_key=args.api_key)
-    print(f"cobali bench serve: {len(items)} prompts against {args.url}, concurrency {args.concurrency}")
-    result = asyncio.run(run_serve(items, options))
-    summary = add_speedups([{"config": urlsplit(args.url).netloc or args.url, **result.summary()}])
+    servers = server_urls(args.url)
+    if args.rate_sweep is not None:
+        return sweep_cli.sweep_command(args, items, servers)
+    concurrency = args.concurrency or 1
+    summaries, samples, records, errors = [], {}, {}, []
+    for name, url in servers:
+        options = sweep_cli.serve_options(args, url, concurrency, args.request_rate)
+        print(f"cobali bench serve: {len(items)} prompts against {url}, concurrency {concurrency}")
+        result = asyncio.run(run_serve(items, options))
+        summaries.append({"config": name, **result.summary()})
+        samples[name] = latency_samples(r.timing() for r in result.records)
+        records[name] = [r.as_dict() for r in result.records]
+        errors += [r.error for r in result.records if r.error]
+    summary = add_speedups(summaries)
     print(format_table(summary))
-    errors = [r.error for r in result.records if r.error]
     if errors:
         print(f"{len(errors)} requests failed; first error: {errors[0]}")
     if args.out:
         out = Path(args.out)
         write_json(out / "summary.json", {"args": flags_record(args), "runs": summary})
-        write_json(out / "requests.json", [r.as_dict() for r in result.records])
-        samples = {summary[0]["config"]: latency_samples(r.timing() for r in result.records)}
+        # One server: its records (the file's format before --url could repeat); several: by server name.
+        write_json(out / "requests.json", records[servers[0][0]] if len(servers) == 1 else records)
         plots.throughput_bars(out / "throughput.png", summary)
         plots.latency_cdfs(out / "latency_cdf.png", samples)
         print(f"wrote summary.json, requests.json and plots to {out}")
-    return 0 if len(errors) < len(result.records) else 1
+    return 0 if len(errors) < len(items) * len(servers) else 1

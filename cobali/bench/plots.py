@@ -186,3 +186,18 @@ def write_offline_plots(out: Path, runs: Sequence[BenchRun], summaries: Sequence
     if any(r.config.knobs for r in runs):
         paths += sweep_plots(out, summaries)
     return paths
+
+
+def metric_vs_rate(path: Path, metric: str, label: str, series: Mapping[str, Sequence[dict]]) -> Path:
+    """One metric of a rate sweep against the request rate, a line per server."""
+    fig, (ax,) = _figure(width=6.0)
+    for name, rows in series.items():
+        points = sorted((r["rate"], r[metric]) for r in rows if r.get(metric) is not None)
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=name)
+    ax.set_xlabel("request rate (req/s, Poisson)")
+    ax.set_ylabel(label)
+    ax.set_title(f"{label} vs request rate")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)

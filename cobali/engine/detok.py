@@ -10,7 +10,10 @@ import codecs
 
 
 class TextStream:
-    def __init__(self, stop: tuple[str, ...] = ()) -> None:
+    """live=False: the owner pushes all the text at the end instead of token by token (nobody streams it)."""
+
+    def __init__(self, stop: tuple[str, ...] = (), live: bool = True) -> None:
+        self.live = live
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = stop
         self._text = ""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cobali.backends.base import Backend, DecodeError, SamplingParams
+from cobali.engine.batch_fill import fill_batch
 from cobali.engine.budget import tick_budget
 from cobali.engine.costfit import CostCoefficients, TickTerms
 from cobali.engine.detok import TextStream
@@ -92,7 +93,7 @@ class Engine:
             prefill_tile=backend.info.prefill_tile,
         )
         self.sampler = RowSampler(backend)
-        self.eog = backend.eog_mask()
+        self._eog_ids = frozenset(np.flatnonzero(backend.eog_mask()).tolist())
         self.requests: dict[int, Request] = {}
         self.ticks: list[TickRecord] = []
         self.on_tick: Callable[[TickRecord], None] | None = None
@@ -131,7 +132,8 @@ class Engine:
         request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority,
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
         self.requests[request.id] = request
-        self._texts[request.id] = TextStream(params.stop)
+        # Text as tokens arrive only where someone reads it on the way (a stream, stop strings); else at the end.
+        self._texts[request.id] = TextStream(params.stop, live=on_token is not None or bool(params.stop))
         if on_token is not None:
             self._callbacks[request.id] = on_token
         self._inbox.append(request)
@@ -155,7 +157,7 @@ class Engine:
         if plan.is_empty:
             self._fail_unrunnable_head(start)
             return None
-        n = self._fill_batch(plan, start)
+        n = fill_batch(self._batch, plan.rows, self.requests, start)
         n_running, n_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         decode_start = self.clock()
         try:
@@ -207,21 +209,6 @@ class Engine:
                     self.backend.copy_seq(source, slot, 0, -1)
                     self.backend.remove_seq(slot, n_tokens, -1)
 
-    def _fill_batch(self, plan: Plan, now: float) -> int:
-        b, row = self._batch, 0
-        for chunk in plan.rows:
-            request = self.requests[chunk.request_id]
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
-            end = row + chunk.n_tokens
-            b.tokens[row:end] = request.tokens_to_feed(chunk.n_tokens)
-            b.positions[row:end] = np.arange(chunk.start, chunk.end, dtype=np.int32)
-            b.seq_ids[row:end] = chunk.slot
-            b.want_logits[row:end] = wants_prompt_logits(request, chunk.start)
-            b.want_logits[end - 1] |= chunk.yields_token
-            row = end
-        return row
-
     def _recover(self, plan: Plan, err: DecodeError, now: float) -> None:
         """llama.cpp finding no KV slot preempts the batch's newest request, whatever the admission policy
         (llama.cpp left the KV as it was, so the rest simply run again next tick); any other failure, or a
@@ -234,9 +221,9 @@ class Engine:
             self._finish(self.requests[request_id], FinishReason.ERROR, now, f"decode failed: {err}")
 
     def _sample_plan(self, plan: Plan, logits: np.ndarray, now: float) -> None:
-        picks, row, out = [], 0, 0  # out: rows of `logits` used so far
+        requests, sampled, rows, out_rows, row, out = self.requests, [], [], [], 0, 0  # out: logits rows used
         for chunk in plan.rows:
-            request = self.requests[chunk.request_id]
+            request = requests[chunk.request_id]
             request.computed_tokens += chunk.n_tokens
             row += chunk.n_tokens
             if wants_prompt_logits(request, chunk.start):
@@ -245,15 +232,16 @@ class Engine:
             elif chunk.yields_token:
                 out += 1
             if chunk.yields_token:
-                picks.append((request.id, request.params, row - 1, out - 1))
-        tokens, failures = self.sampler.sample(logits, picks)
-        for (request_id, params, _, out_row), token in zip(picks, tokens, strict=True):
-            request = self.requests[request_id]
+                sampled.append(request)
+                rows.append(row - 1)
+                out_rows.append(out - 1)
+        tokens, failures = self.sampler.sample(logits, sampled, rows, out_rows)
+        for request, token, out_row in zip(sampled, tokens, out_rows, strict=True):
             if token is None:
-                self._finish(request, FinishReason.ERROR, now, f"sampling failed: {failures[request_id]}")
+                self._finish(request, FinishReason.ERROR, now, f"sampling failed: {failures[request.id]}")
                 continue
-            if params.logprobs is not None:
-                request.logprobs.append(token_logprob(logits[out_row], token, params.logprobs))
+            if request.params.logprobs is not None:
+                request.logprobs.append(token_logprob(logits[out_row], token, request.params.logprobs))
             self._accept(request, token, now)
 
     def _accept(self, request: Request, token: int, now: float) -> None:
@@ -261,11 +249,15 @@ class Engine:
             request.transition(RequestState.DECODE)
         request.output_tokens.append(token)
         request.token_times.append(now)
-        is_eog = bool(self.eog[token]) and not request.params.ignore_eos
-        delta, hit_stop = ("", False) if is_eog else self._texts[request.id].push(self.backend.token_bytes(token))
+        is_eog = token in self._eog_ids and not request.params.ignore_eos
+        stream = self._texts[request.id]
+        delta, hit_stop = "", False
+        if stream.live and not is_eog:
+            delta, hit_stop = stream.push(self.backend.token_bytes(token))
         reason = self._finish_reason(request, is_eog or hit_stop)
         if reason is None:
-            self._emit(request, delta)
+            if request.id in self._callbacks:
+                self._emit(request, delta)
         else:
             self._finish(request, reason, now, delta=delta, flush=not hit_stop)
 
@@ -286,6 +278,9 @@ class Engine:
         self.scheduler.remove(request, keep_kv=reason in (FinishReason.STOP, FinishReason.LENGTH))
         self.sampler.forget(request.id)
         stream = self._texts.pop(request.id)
+        if not stream.live:  # nobody needed text on the way: render it once (an end-of-generation token is not text)
+            shown = request.output_tokens[:-1] if reason is FinishReason.STOP else request.output_tokens
+            stream.push(b"".join(map(self.backend.token_bytes, shown)))
         if flush:
             delta += stream.flush()
         request.text = stream.text

@@ -9,7 +9,9 @@ cells, and the accountant is what keeps the pool from running dry.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,15 +116,17 @@ class SlotPool:
     def cached_blocks(self) -> int:
         return sum(self.accountant.held_blocks(slot) for slot in self._cached)
 
-    def assign(self, prompt: list[int] | None = None, sources: dict[int, np.ndarray] | None = None) -> Assignment:
+    def assign(self, prompt: list[int] | None = None,
+               sources: Iterable[tuple[int, np.ndarray]] | None = None) -> Assignment:
         """Take a free slot for a request. With prefix caching, start from the longest prefix of `prompt`
-        held by a cached free slot or by a running slot in `sources` (slot -> tokens in its KV)."""
+        held by a cached free slot or by a running slot in `sources` ((slot, tokens in its KV) pairs, read
+        lazily: the search stops at the first source holding all it could reuse)."""
         assert self._free, "no free slot"
         if not (self.prefix_cache and prompt):
             slot = self._take_fresh()
             return Assignment(slot, 0)
         tokens = np.asarray(prompt, dtype=np.int32)
-        source, reused = self._best_source(tokens, sources or {})
+        source, reused = self._best_source(tokens, sources or ())
         self.queried_tokens += len(tokens)
         if reused < self.min_reuse_tokens:
             source, reused = None, 0
@@ -147,13 +151,15 @@ class SlotPool:
         self._clear(slot)
         return slot
 
-    def _best_source(self, tokens: np.ndarray, sources: dict[int, np.ndarray]) -> tuple[int | None, int]:
+    def _best_source(self, tokens: np.ndarray, sources: Iterable[tuple[int, np.ndarray]]) -> tuple[int | None, int]:
         best, best_len = None, 0
-        # At least the prompt's last token must be computed, for its logits.
-        for slot, held in [*self._cached.items(), *sources.items()]:
-            n = min(common_prefix(tokens, held), len(tokens) - 1)
+        cap = len(tokens) - 1  # at least the prompt's last token must be computed, for its logits
+        for slot, held in itertools.chain(self._cached.items(), sources):
+            n = min(common_prefix(tokens, held), cap)
             if n > best_len:
                 best, best_len = slot, n
+                if n == cap:
+                    break
         return best, best_len
 
     def release(self, slot: int, kv_tokens: list[int] | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 
 class ChunkKind(enum.Enum):
@@ -13,8 +14,9 @@ class ChunkKind(enum.Enum):
     PREFILL = "prefill"
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
+    """A NamedTuple, not a dataclass: a tick makes one per decode row, and a tuple is built ~5x faster."""
+
     request_id: int
     slot: int
     kind: ChunkKind

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -30,34 +30,46 @@ def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
     return TokenLogprob(token, float(logprobs[token]), top)
 
 
+class Sampling(Protocol):
+    """What the sampler reads of a request (cobali.engine.request.Request, which imports this module)."""
+
+    id: int
+    params: SamplingParams
+
+
 class RowSampler:
     """Samples every request that reached a sampling point in the last decode.
 
-    Greedy rows share one vectorized argmax over the logits; other rows use the request's own
-    backend sampler (a llama.cpp chain), created on first use and kept for the request's life so
-    penalties and RNG state follow the request.
+    Greedy rows share one argmax over the logits, the backend's (a GPU one computes it on the device); other
+    rows use the request's own backend sampler (a llama.cpp chain), created on first use and kept for the
+    request's life so penalties and RNG state follow the request.
     """
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self._samplers: dict[int, TokenSampler] = {}
 
-    def sample(self, logits: np.ndarray, picks: list[tuple[int, SamplingParams, int, int]]
+    def sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int]
                ) -> tuple[list[int | None], dict[int, str]]:
-        """picks: (request_id, params, batch_row, output_row) in output order. Returns one token per pick,
-        None where that request's sampler failed, and the failures' messages by request id: one request's
-        sampler must not take the engine (and every other request) down with it."""
-        greedy = logits.argmax(axis=1) if any(p.is_greedy for _, p, _, _ in picks) else None
+        """requests: those that sample, in output order; rows: their batch rows; out_rows: their rows of
+        `logits` (more rows than requests when some asked for prompt logprobs). Returns one token per
+        request, None where that request's sampler failed, and the failures' messages by request id: one
+        request's sampler must not take the engine (and every other request) down with it."""
+        greedy = [r.params.is_greedy for r in requests]
+        best = self.backend.argmax(logits).tolist() if any(greedy) else []
+        if all(greedy):
+            # One logits row per request (the common case) means out_rows is 0..n-1.
+            return (best if len(best) == len(requests) else [best[o] for o in out_rows]), {}
         tokens: list[int | None] = []
         failures: dict[int, str] = {}
-        for request_id, params, row, out_row in picks:
-            if params.is_greedy:
-                tokens.append(int(greedy[out_row]))
+        for request, row, out_row, is_greedy in zip(requests, rows, out_rows, greedy, strict=True):
+            if is_greedy:
+                tokens.append(best[out_row])
                 continue
             try:
-                tokens.append(self._sampler_for(request_id, params).sample(row))
+                tokens.append(self._sampler_for(request.id, request.params).sample(row))
             except Exception as err:  # a backend's sampler is third-party code: contain its failure
-                failures[request_id] = f"{type(err).__name__}: {err}"
+                failures[request.id] = f"{type(err).__name__}: {err}"
                 tokens.append(None)
         return tokens, failures
 

@@ -37,7 +37,8 @@ class Scheduler:
         self.n_batch = n_batch
         self.batch = batch or DecodeMax()
         self.kv = kv or ReserveKv()  # EngineConfig's default too
-        self.waiting = queue or WaitQueue()
+        # Not `queue or ...`: an empty WaitQueue is falsy, and the configured order would be dropped.
+        self.waiting = queue if queue is not None else WaitQueue()
         self.budget = budget or FixedBudget(n_batch)
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self._queues = TickQueues(slots, self.waiting, self.running, admission, n_batch, prefill_tile)

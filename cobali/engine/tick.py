@@ -14,6 +14,11 @@ from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
 
 
+def _first_tokens(request: Request, n: int) -> list[int]:
+    prompt = request.prompt_tokens
+    return prompt[:n] if len(prompt) >= n else request.all_tokens[:n]
+
+
 def fit_to_tile(n: int, left: int, room: int, tile: int) -> int:
     """A prefill chunk of n of the `left` prompt tokens, reshaped for the backend's prefill tile (a chunk
     shorter than it takes a slow path): no chunk shorter than the tile unless it ends the prompt, and no
@@ -79,12 +84,16 @@ class TickBuilder:
             # Rotate which requests wait, so a capped decode set starves nobody.
             start = self.tick % len(decoding)
             decoding = (decoding[start:] + decoding[:start])[:limit]
-        for request in decoding:
-            self._add(request, 1, ChunkKind.DECODE)
+        # One row per generating request, built inline: this runs for every request every tick.
+        kind = ChunkKind.DECODE
+        self.chunks += [Chunk(r.id, r.slot, kind, r.computed_tokens, 1, r.computed_tokens + 1, True)
+                        for r in decoding]
+        self.budget -= len(decoding)
 
     def add_prefills(self) -> None:
-        for request in self.queues.running:
-            if request.state is RequestState.PREFILL and self.budget > 0:
+        q = self.queues
+        for request in q.waiting.prefill_order(r for r in q.running if r.state is RequestState.PREFILL):
+            if self.budget > 0:
                 self._add_prefill(request)
         self._admit()
 
@@ -127,8 +136,12 @@ class TickBuilder:
             pass
         sources = None
         if q.slots.prefix_cache:
-            sources = {r.slot: np.asarray(r.all_tokens[: r.computed_tokens], dtype=np.int32)
-                       for r in q.running if r.slot is not None and r.id not in self.admitted}
+            # Lazily, and only the running requests whose KV starts as this prompt does: a prefix shorter
+            # than min_reuse_tokens is never reused, and hundreds of running requests must not cost a copy each.
+            head = request.all_tokens[: q.slots.min_reuse_tokens]
+            sources = ((r.slot, np.asarray(r.all_tokens[: r.computed_tokens], dtype=np.int32))
+                       for r in q.running if r.slot is not None and r.id not in self.admitted
+                       and r.computed_tokens >= len(head) and _first_tokens(r, len(head)) == head)
         # Prompt logprobs need logits at every prompt position: no cached prefix may skip them.
         reusable = request.all_tokens if request.params.prompt_logprobs is None else None
         assignment = q.slots.assign(reusable, sources)

@@ -1,8 +1,9 @@
 """The engine on a thread of its own, fed by the asyncio server.
 
 The thread loads the model, then ticks while there is work and sleeps on an Event when idle. HTTP handlers
-submit from the event loop (Engine.add_request is thread-safe); the engine's per-token callbacks hop back
-onto the loop with call_soon_threadsafe into one asyncio.Queue per HTTP request. If the thread dies, every
+submit from the event loop (Engine.add_request is thread-safe); the engine's per-token callbacks collect a
+tick's deltas, which hop back onto the loop in one call_soon_threadsafe per tick (one wake-up of the loop for
+hundreds of streams, not one per token) into one asyncio.Queue per HTTP request. If the thread dies, every
 pending request is told so, and the server reports unhealthy instead of leaving clients hanging.
 """
 
@@ -113,6 +114,7 @@ class EngineThread:
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards _live between the loop thread and the engine thread
         self._live: dict[int, Generation] = {}
+        self._outbox: list[tuple[Generation, Delta]] = []  # this tick's deltas (engine thread only)
         self._abort_at: float | None = None  # end of the drain's grace period
         self._thread = threading.Thread(target=self._run, name="cobali-engine", daemon=True)
 
@@ -200,7 +202,7 @@ class EngineThread:
                 self._abort_at = None
                 self._abort_live(engine)
             if engine.has_work:
-                engine.step()
+                self._tick(engine)
             else:
                 self._wake.wait(self.idle_wait_s)
 
@@ -212,7 +214,22 @@ class EngineThread:
 
     def _abort_all(self, engine: Engine) -> None:
         self._abort_live(engine)
-        engine.step()  # takes the aborts: slots freed, clients get their final (abort) delta
+        self._tick(engine)  # takes the aborts: slots freed, clients get their final (abort) delta
+
+    def _tick(self, engine: Engine) -> None:
+        engine.step()
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Generation, Delta]]] = {}
+        for item in self._outbox:
+            by_loop.setdefault(item[0].loop, []).append(item)
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                for generation, _ in items:
+                    generation.abort()
 
     def _fail(self, message: str, loading: bool = False) -> None:
         log.error("engine unavailable: %s", message)
@@ -234,4 +251,10 @@ class EngineThread:
             if self.observer is not None:
                 self.observer.request_finished(request)
         if delta or finished:
-            generation.push(Delta(index, delta, finished))
+            self._outbox.append((generation, Delta(index, delta, finished)))
+
+
+def _deliver(items: list[tuple[Generation, Delta]]) -> None:
+    """On the event loop: one tick's deltas into their generations' queues."""
+    for generation, delta in items:
+        generation.queue.put_nowait(delta)

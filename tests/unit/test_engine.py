@@ -46,6 +46,37 @@ def test_stop_string_ends_and_is_not_emitted() -> None:
     assert r.text == free.text[:cut] == "".join(deltas)
 
 
+class VisibleEogBackend(FakeBackend):
+    """Its end-of-generation token has a piece of text (as some models' do), which must never reach the output."""
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"</s>" if token == EOG_TOKEN else super().token_bytes(token)
+
+
+def test_text_made_at_the_end_matches_the_streamed_text() -> None:
+    """Without a stream or stop strings the engine renders text once at the finish; it must be the text a
+    stream gets, for every way a request can end (end-of-generation, length, abort)."""
+    prompts = [[1 + (i * 11) % 90 for i in range(n)] for n in range(1, 30)]
+    config = EngineConfig(max_slots=2, prefill_chunk_tokens=64, n_batch=128)
+    for params in (SamplingParams(max_tokens=40), SamplingParams(max_tokens=7, ignore_eos=True)):
+        quiet, streamed = (Engine(VisibleEogBackend(n_seq_max=2), config) for _ in range(2))
+        deltas: dict[int, list[str]] = {}
+        done = quiet.generate(prompts, params)
+        keep = lambda r, d, into=deltas: into.setdefault(r.id, []).append(d)  # noqa: E731
+        live = [streamed.add_request(p, params, on_token=keep) for p in prompts]
+        streamed.run_until_done()
+        assert {r.finish_reason for r in done} == ({FinishReason.LENGTH} if params.ignore_eos else
+                                                   {FinishReason.LENGTH, FinishReason.STOP})
+        assert [r.text for r in done] == [r.text for r in live] == ["".join(deltas[r.id]) for r in live]
+    engine = make_engine()
+    r = engine.add_request("abc", SamplingParams(max_tokens=30, ignore_eos=True))
+    for _ in range(5):
+        engine.step()
+    engine.abort(r.id)
+    engine.run_until_done()
+    assert r.finish_reason is FinishReason.ABORT and len(r.text) == len(r.output_tokens) > 0
+
+
 def test_context_full_ends_with_length() -> None:
     (r,) = make_engine(n_ctx_seq=20).generate([list(range(1, 16))], SamplingParams(max_tokens=50, ignore_eos=True))
     assert r.finish_reason is FinishReason.LENGTH and len(r.prompt_tokens) + len(r.output_tokens) == 20

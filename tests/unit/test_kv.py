@@ -7,7 +7,7 @@ import pytest
 from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine, EngineConfig
-from cobali.engine.queue import WaitQueue
+from cobali.engine.queue import ShortestPromptFirst, WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
 
 
@@ -134,6 +134,42 @@ def test_priority_queue_orders_by_priority_then_arrival() -> None:
     assert [r.id for r in queue] == [3, 1, 0, 2]
     with pytest.raises(ValueError, match="queue order"):
         WaitQueue("lifo")
+
+
+def test_shortest_prompt_first_ages_so_a_long_prompt_waits_a_bounded_time() -> None:
+    queue = WaitQueue("srpf", shortest_first=ShortestPromptFirst(s_per_token=0.001))
+    # (id, prompt tokens, arrival s): ranks 1.0, 0.11, 0.7, and 1.51 for a short prompt arriving after
+    # the long one has waited longer than its length's worth (1 s).
+    for i, n, t in ((0, 1000, 0.0), (1, 10, 0.1), (2, 500, 0.2), (3, 10, 1.5)):
+        queue.push(Request(i, [1] * n, LONG, arrival_time=t))
+    assert [r.id for r in queue] == [1, 2, 0, 3]
+    preempted = Request(4, [1] * 2000, LONG, arrival_time=9.0)
+    queue.push(preempted, front=True)
+    assert queue[0] is preempted, "a preempted request still goes first, whatever its length"
+    assert [r.id for r in WaitQueue("fifo").prefill_order(list(queue))] == [4, 1, 2, 0, 3]
+    assert [r.id for r in queue.prefill_order(list(queue))] == [1, 2, 0, 3, 4]
+
+
+def test_srpf_gives_short_prompts_their_first_token_before_a_long_one_and_changes_no_output() -> None:
+    first_token_tick = {}
+    outputs = {}
+    for order in ("fifo", "srpf"):
+        engine = make_engine(slots=4, n_batch=64, chunk=64, queue=order, prefix_cache=False)
+        requests = [engine.add_request(prompt(300, 1), SamplingParams(max_tokens=3, ignore_eos=True))]
+        requests += [engine.add_request(prompt(20, s), SamplingParams(max_tokens=3, ignore_eos=True))
+                     for s in (2, 3, 4)]
+        engine.run_until_done()
+        ticks = {t: i for i, t in enumerate(r.plan.tick for r in engine.ticks)}
+        first_token_tick[order] = [ticks[_first_token_tick(engine, r)] for r in requests]
+        outputs[order] = [r.output_tokens for r in requests]
+    assert outputs["srpf"] == outputs["fifo"]
+    assert max(first_token_tick["srpf"][1:]) < min(first_token_tick["fifo"][1:])
+    assert first_token_tick["srpf"][0] > first_token_tick["fifo"][0], "the long prompt pays for it"
+
+
+def _first_token_tick(engine: Engine, request: Request) -> int:
+    return next(t.plan.tick for t in engine.ticks
+                if any(c.request_id == request.id and c.yields_token for c in t.plan.chunks))
 
 
 def _policy_run(policy: str) -> list[list[tuple[int, str, int, int]]]:

@@ -1,0 +1,112 @@
+"""`cobali bench serve --sweep RATES`: each server in turn at each rate, then the table, the capacities,
+and one plot per metric against rate with a line per server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import asdict
+from pathlib import Path
+
+from cobali.bench import plots
+from cobali.bench.serve_client import ServeOptions, run_serve
+from cobali.bench.sweep import (
+    CAPACITY_METRICS,
+    GOODPUT_METRICS,
+    combine_repeats,
+    meets,
+    parse_limits,
+    parse_rates,
+    search_capacity,
+    sweep_row,
+)
+from cobali.metrics import write_json
+from cobali.options import flags_record
+from cobali.workloads import WorkItem
+
+DEFAULT_SLO = "ttft_p99:5000,tpot_p99:150"
+# (summary key, plot and column label)
+PLOTTED = (("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"), ("tpot_p50_ms", "TPOT p50 (ms)"),
+           ("tpot_p99_ms", "TPOT p99 (ms)"), ("itl_p99_ms", "ITL p99 (ms)"), ("wall_s", "wall (s)"),
+           ("output_tok_s", "output tok/s"), ("goodput_req_s", "goodput (req/s)"))
+
+
+def add_sweep_args(serve: argparse.ArgumentParser) -> None:
+    # dest differs from `cobali bench --sweep` (an engine grid) so the two never overwrite each other.
+    serve.add_argument("--sweep", dest="rate_sweep", default=None, metavar="R1,R2,...",
+                       help="Poisson request rates (req/s) to run the workload at, each in turn, per server")
+    serve.add_argument("--goodput", default=None, metavar="ttft:MS,tpot:MS",
+                       help="report goodput: completed req/s within every limit (vllm bench serve's "
+                            f"definition; names: {', '.join(GOODPUT_METRICS)})")
+    serve.add_argument("--slo", default=DEFAULT_SLO, metavar="ttft_p99:MS,tpot_p99:MS",
+                       help=f"capacity: the highest rate whose run holds these p99s (default {DEFAULT_SLO})")
+    serve.add_argument("--repeat", type=int, default=1,
+                       help="runs per rate; the table shows their medians and each one's noise (±half-spread)")
+    serve.add_argument("--capacity-steps", type=int, default=2,
+                       help="bisections between the highest passing and lowest failing rate (default 2)")
+
+
+def serve_options(args: argparse.Namespace, url: str, concurrency: int, rate: float) -> ServeOptions:
+    return ServeOptions(url=url, concurrency=concurrency, request_rate=rate, burstiness=args.burstiness,
+                        seed=args.seed, max_new=args.max_new, model=args.served_model, api_key=args.api_key)
+
+
+def sweep_settings(args: argparse.Namespace) -> tuple[tuple[float, ...], dict | None, dict]:
+    """Every sweep flag checked before any server is contacted."""
+    if args.capacity_steps < 0:
+        raise ValueError(f"--capacity-steps must be >= 0, got {args.capacity_steps}")
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
+    limits = parse_limits(args.goodput, GOODPUT_METRICS, "--goodput") if args.goodput else None
+    return parse_rates(args.rate_sweep), limits, parse_limits(args.slo, CAPACITY_METRICS, "--slo")
+
+
+def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list[tuple[str, str]]) -> int:
+    rates, limits, slo = sweep_settings(args)
+    print(f"cobali bench serve --sweep: {len(items)} prompts at {', '.join(f'{r:g}' for r in rates)} req/s "
+          f"against {', '.join(name for name, _ in servers)}")
+    results: dict[str, dict] = {}
+    for name, url in servers:
+        rows: list[dict] = []
+
+        def held(rate: float, url: str = url, rows: list[dict] = rows) -> bool:
+            options = serve_options(args, url, args.concurrency or len(items), rate)
+            runs = [sweep_row(rate, asyncio.run(run_serve(items, options)), limits) for _ in range(args.repeat)]
+            rows.append(combine_repeats(runs))
+            return meets(rows[-1], slo)
+
+        capacity = search_capacity(held, rates, args.capacity_steps)
+        results[name] = {"rows": sorted(rows, key=lambda r: r["rate"]), "capacity": asdict(capacity)}
+        print(f"{name}: capacity {capacity.describe()}")
+    print(format_sweep(results, slo))
+    if args.out:
+        out = Path(args.out)
+        write_json(out / "sweep.json", {"args": flags_record(args), "slo_ms": slo, "goodput_ms": limits,
+                                        "servers": results})
+        series = {name: r["rows"] for name, r in results.items()}
+        for key, label in PLOTTED:
+            if any(row.get(key) is not None for rows in series.values() for row in rows):
+                plots.metric_vs_rate(out / f"sweep_{key.removesuffix('_ms')}.png", key, label, series)
+        print(f"wrote sweep.json and one plot per metric to {out}")
+    failed = sum(row["failed"] for r in results.values() for row in r["rows"])
+    return 0 if failed == 0 else 1
+
+
+def format_sweep(results: dict[str, dict], slo: dict[str, float]) -> str:
+    rows = [row for r in results.values() for row in r["rows"]]
+    columns = [(key, label) for key, label in PLOTTED if any(key in row for row in rows)]
+    header = f"{'server':<16}{'rate':>7}" + "".join(f"{label:>17}" for _, label in columns) + f"{'SLO':>6}"
+    lines = [header]
+    for name, result in results.items():
+        for row in result["rows"]:
+            cells = "".join(f"{_cell(row, key):>17}" for key, _ in columns)
+            lines.append(f"{name:<16}{row['rate']:>7.3g}{cells}{'ok' if meets(row, slo) else 'miss':>6}")
+    return "\n".join(lines)
+
+
+def _cell(row: dict, key: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    noise = row.get("noise", {}).get(key)
+    return f"{value:.2f}" if noise is None else f"{value:.1f}±{noise:.0%}"
