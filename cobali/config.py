@@ -29,7 +29,7 @@ class EngineSpec:
         """The profile that seeds the tick costs an ITL target learns online; None without a target or a
         profile (the engine then learns from scratch). A profile measured on another device or model still
         runs, with a note: its first predictions are off until the engine has re-learned them."""
-        if self.engine.itl_target_ms <= 0 or self.profile is None:
+        if max(self.engine.itl_target_ms, self.engine.tpot_slo_ms) <= 0 or self.profile is None:
             return None
         profile = load_profile(self.profile)
         if backend is not None and profile.device != backend.info.description:

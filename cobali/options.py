@@ -62,6 +62,13 @@ def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0)
     parser.add_argument("--itl-target-ms", type=non_negative_float, default=itl_target_ms,
                         help="adaptive chunking: size each tick's prefill to keep the predicted tick under this "
                              f"(0 = fixed budget: --n-batch and --prefill-chunk-tokens; default {itl_target_ms:g})")
+    parser.add_argument("--tpot-slo-ms", type=non_negative_float, default=0.0,
+                        help="deadline budget: size each tick's prefill so every decoding request keeps its next "
+                             "token on a schedule of one per this many ms since its first (overrides "
+                             "--itl-target-ms; 0 = off)")
+    parser.add_argument("--itl-max-ms", type=non_negative_float, default=0.0,
+                        help="with --tpot-slo-ms: no gap between two tokens longer than this, whatever slack a "
+                             "request banked (0 = only the schedule and --n-batch bound it)")
     parser.add_argument("--profile", default=None,
                         help="cost profile (`cobali calibrate`'s JSON or a bundled name): seeds the tick costs an ITL "
                              "target learns online (default: learn from scratch); `cobali simulate` runs on it "
@@ -81,6 +88,7 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
     return EngineConfig(mode=mode, max_slots=args.max_slots, prefill_chunk_tokens=args.prefill_chunk_tokens,
                         n_batch=args.n_batch, policy=args.policy, kv_admission=args.kv_admission,
                         queue=args.queue, prefix_cache=args.prefix_cache, itl_target_ms=args.itl_target_ms,
+                        tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
                         **overrides)
 
 

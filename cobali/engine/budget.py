@@ -5,6 +5,8 @@ model predicts the tick's time, and prefill gets as many tokens as fit under the
 once this tick's decode rows are paid for, priced at the depth of the deepest prompt being prefilled
 (a chunk deep into a long prompt attends to all of it). With nothing decoding there is no ITL to protect,
 so prefill takes the whole n_batch; with a long decode set it still gets min_chunk, so TTFT stays bounded.
+Deadline: no fixed per-tick target; prefill gets the largest chunk whose predicted tick still delivers
+every decoding request's next token by its deadline (a TPOT SLO, see DeadlineBudget).
 
 The costs are learned online (engine/costfit.py) from every tick the engine times, seeded by a profile
 when one is given. Until the fit is confident, a tick that decodes gets only min_chunk prefill tokens:
@@ -13,10 +15,12 @@ the smallest chunk that runs at full speed, a conservative fixed budget on any h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from cobali.engine.costfit import CostCoefficients, OnlineCostFit, TickTerms
+from cobali.engine.request import Request
 
 
 class CostModel(Protocol):
@@ -25,8 +29,9 @@ class CostModel(Protocol):
 
 
 class TickBudget(Protocol):
-    def tokens(self, n_decode: int, decode_kv_tokens: int, prefill_depth: int = 0) -> int:
-        """The tick's token budget, decode rows included; prefill_depth: where the deepest prefill resumes."""
+    def tokens(self, decoding: Sequence[Request], prefill_depth: int = 0, now: float = 0.0) -> int:
+        """The tick's token budget, decode rows included; prefill_depth: where the deepest prefill resumes;
+        now: when the tick starts, on the engine's clock."""
         ...
 
     def observe(self, terms: TickTerms, seconds: float) -> None:
@@ -38,7 +43,7 @@ class TickBudget(Protocol):
 class FixedBudget:
     n_batch: int
 
-    def tokens(self, n_decode: int, decode_kv_tokens: int, prefill_depth: int = 0) -> int:
+    def tokens(self, decoding: Sequence[Request], prefill_depth: int = 0, now: float = 0.0) -> int:
         return self.n_batch
 
     def observe(self, terms: TickTerms, seconds: float) -> None:
@@ -57,28 +62,93 @@ class AdaptiveBudget:
             raise ValueError(f"the ITL target must be > 0 ms, got {self.itl_target_s * 1e3:g}")
 
     def prefill_tokens(self, n_decode: int, decode_kv_tokens: int, prefill_depth: int = 0) -> int:
-        room = self.n_batch - n_decode
         if n_decode == 0:
-            return room
-        if not self.costs.confident:
-            return min(self.min_chunk, room)
-        base = self.costs.predict_tick_s(0, n_decode, decode_kv_tokens)
-        per_token = self.costs.predict_tick_s(1, n_decode, decode_kv_tokens, prefill_depth) - base
-        # A fit in which prefill is free is noise: it gets the conservative minimum, not the whole batch.
-        fit = int((self.itl_target_s - base) / per_token) if per_token > 0 else 0
-        return max(min(fit, room), min(self.min_chunk, room))
+            return self.n_batch
+        return prefill_within(self.itl_target_s, self.costs, self.n_batch, self.min_chunk,
+                              TickTerms(0, n_decode, decode_kv_tokens), prefill_depth)
 
-    def tokens(self, n_decode: int, decode_kv_tokens: int, prefill_depth: int = 0) -> int:
-        return n_decode + self.prefill_tokens(n_decode, decode_kv_tokens, prefill_depth)
+    def tokens(self, decoding: Sequence[Request], prefill_depth: int = 0, now: float = 0.0) -> int:
+        n_decode = len(decoding)
+        return n_decode + self.prefill_tokens(n_decode, sum(r.n_context_tokens for r in decoding), prefill_depth)
 
     def observe(self, terms: TickTerms, seconds: float) -> None:
         self.costs.observe(terms, seconds)
 
 
-def tick_budget(n_batch: int, itl_target_ms: float, costs: CostCoefficients | None,
-                prefill_tile: int = 1) -> TickBudget:
-    """costs: a profile that seeds the learned costs, or None to learn them from scratch."""
-    if itl_target_ms <= 0:
+def prefill_within(seconds: float, costs: OnlineCostFit, n_batch: int, min_chunk: int, decodes: TickTerms,
+                   prefill_depth: int) -> int:
+    """The most prefill tokens whose tick, beside `decodes`, is predicted to take at most `seconds`; never
+    fewer than min_chunk (so TTFT stays bounded), and only min_chunk while the fit is not confident."""
+    room = n_batch - decodes.decode_rows
+    floor = min(min_chunk, room)
+    if not costs.confident:
+        return floor
+    base = costs.predict(decodes)
+    per_token = costs.predict_tick_s(1, decodes.decode_rows, decodes.decode_kv_tokens, prefill_depth) - base
+    # A fit in which prefill is free is noise: it gets the conservative minimum, not the whole batch.
+    fit = int((seconds - base) / per_token) if per_token > 0 else 0
+    return max(min(fit, room), floor)
+
+
+@dataclass(frozen=True)
+class DeadlineBudget:
+    """A TPOT SLO instead of a fixed per-tick target. A decoding request's next token is due on its TPOT
+    schedule, first token time + tokens so far x tpot_slo_s, and never later than itl_max_s after its last
+    token. Prefill gets the largest chunk whose predicted tick ends before the earliest deadline: a request
+    that ran ahead of its schedule (light load: decode ticks far below the SLO) has banked slack, and one
+    long chunk spends it, rather than many medium stalls; a request behind schedule (heavy load) leaves
+    prefill min_chunk. With nothing decoding, a prompt is not chunked below n_batch."""
+
+    costs: OnlineCostFit
+    tpot_slo_s: float
+    itl_max_s: float  # the hard bound on one gap; inf: only the TPOT schedule (and n_batch) bound it
+    n_batch: int
+    min_chunk: int = 32
+
+    def __post_init__(self) -> None:
+        if not (self.tpot_slo_s > 0 and self.itl_max_s > 0):
+            raise ValueError(f"the TPOT SLO and the ITL bound must be > 0 ms, got {self.tpot_slo_s * 1e3:g} "
+                             f"and {self.itl_max_s * 1e3:g}")
+
+    def due(self, request: Request) -> float:
+        """When the request's next token is due (it has sampled at least one)."""
+        times = request.token_times
+        return min(times[0] + len(times) * self.tpot_slo_s, times[-1] + self.itl_max_s)
+
+    def tokens(self, decoding: Sequence[Request], prefill_depth: int = 0, now: float = 0.0) -> int:
+        if not decoding:
+            return self.n_batch
+        slack = min(map(self.due, decoding)) - now
+        decodes = TickTerms(0, len(decoding), sum(r.n_context_tokens for r in decoding))
+        return len(decoding) + prefill_within(slack, self.costs, self.n_batch, self.min_chunk, decodes, prefill_depth)
+
+    def observe(self, terms: TickTerms, seconds: float) -> None:
+        self.costs.observe(terms, seconds)
+
+
+class BudgetSettings(Protocol):
+    """The engine config's budget fields (EngineConfig)."""
+
+    n_batch: int
+    itl_target_ms: float
+    tpot_slo_ms: float
+    itl_max_ms: float
+
+
+def check_budget_settings(settings: BudgetSettings) -> None:
+    for name in ("itl_target_ms", "tpot_slo_ms", "itl_max_ms"):
+        if not getattr(settings, name) >= 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(settings, name)}")
+
+
+def tick_budget(settings: BudgetSettings, costs: CostCoefficients | None, prefill_tile: int = 1) -> TickBudget:
+    """costs: a profile that seeds the learned costs, or None to learn them from scratch. A TPOT SLO
+    (> 0) picks the deadline budget, bounded by itl_max_ms (0: unbounded); else an ITL target (> 0) the
+    adaptive one; else the fixed n_batch."""
+    n_batch, min_chunk = settings.n_batch, max(AdaptiveBudget.min_chunk, prefill_tile)
+    if settings.tpot_slo_ms > 0:
+        itl_max_s = settings.itl_max_ms / 1e3 if settings.itl_max_ms > 0 else float("inf")
+        return DeadlineBudget(OnlineCostFit(seed=costs), settings.tpot_slo_ms / 1e3, itl_max_s, n_batch, min_chunk)
+    if settings.itl_target_ms <= 0:
         return FixedBudget(n_batch)
-    return AdaptiveBudget(OnlineCostFit(seed=costs), itl_target_ms / 1e3, n_batch,
-                          min_chunk=max(AdaptiveBudget.min_chunk, prefill_tile))
+    return AdaptiveBudget(OnlineCostFit(seed=costs), settings.itl_target_ms / 1e3, n_batch, min_chunk)

@@ -12,7 +12,7 @@ import numpy as np
 
 from cobali.backends.base import Backend, DecodeError, SamplingParams
 from cobali.engine.batch_fill import fill_batch
-from cobali.engine.budget import tick_budget
+from cobali.engine.budget import check_budget_settings, tick_budget
 from cobali.engine.costfit import CostCoefficients, TickTerms
 from cobali.engine.detok import TextStream
 from cobali.engine.kv import SlotPool
@@ -41,6 +41,8 @@ class EngineConfig:
     queue: str = "fifo"
     prefix_cache: bool = True
     itl_target_ms: float = 0.0  # > 0: adaptive tick budget from a cost profile; 0: fixed n_batch
+    tpot_slo_ms: float = 0.0  # > 0: the deadline budget (engine/budget.py), bounded by itl_max_ms (0: none)
+    itl_max_ms: float = 0.0
     record_ticks: bool = True
 
     def __post_init__(self) -> None:
@@ -52,8 +54,7 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {self.max_slots}")
-        if not self.itl_target_ms >= 0:
-            raise ValueError(f"itl_target_ms must be >= 0, got {self.itl_target_ms}")
+        check_budget_settings(self)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
-            budget=tick_budget(config.n_batch, config.itl_target_ms, costs, backend.info.prefill_tile),
+            budget=tick_budget(config, costs, backend.info.prefill_tile),
             prefill_tile=backend.info.prefill_tile,
         )
         self.sampler = RowSampler(backend)
@@ -152,7 +153,7 @@ class Engine:
     def step(self) -> TickRecord | None:
         start = self.clock()
         self._take_submissions(start)
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(start)
         self._run_kv_ops(plan.kv_ops)
         if plan.is_empty:
             self._fail_unrunnable_head(start)

@@ -113,13 +113,14 @@ class Scheduler:
 
     # ---- the plan --------------------------------------------------------------------------------
 
-    def schedule(self) -> Plan:
+    def schedule(self, now: float = 0.0) -> Plan:
+        """now: the tick's start on the engine's clock (a deadline budget measures slack from it)."""
         self.tick += 1
         preempted = self._grow_decodes()
         fit_policy = ReserveKv() if self._backing_off() else self.kv
         decoding = [r for r in self.running if r.state is RequestState.DECODE]
         depth = max((r.computed_tokens for r in self.running if r.state is RequestState.PREFILL), default=0)
-        budget = self.budget.tokens(len(decoding), sum(r.n_context_tokens for r in decoding), depth)
+        budget = self.budget.tokens(decoding, depth, now)
         tick = TickBuilder(self._queues, self.tick, budget, decoding, may_admit=not preempted, fit_policy=fit_policy)
         self.batch.compose(tick)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from cobali.engine.budget import AdaptiveBudget
+from cobali.engine.budget import AdaptiveBudget, DeadlineBudget
 from cobali.engine.costfit import OnlineCostFit
 from cobali.engine.engine import Engine, TickRecord
 from cobali.engine.request import FinishReason, Request
@@ -72,7 +72,7 @@ class ServerMetrics:
         # Cells the running requests fill; cached prefixes in free slots are reclaimable and not counted, so
         # an idle server reads 0 (the KV accountant's blocks also count reservations and cached prefixes).
         self.kv_usage.set_function(lambda: sum(r.computed_tokens for r in list(scheduler.running)) / n_ctx)
-        if isinstance(scheduler.budget, AdaptiveBudget):  # an ITL target: the tick costs it learns
+        if isinstance(scheduler.budget, AdaptiveBudget | DeadlineBudget):  # the tick costs it learns
             self._costs = costs = scheduler.budget.costs
             Gauge("cobali:tick_cost_error", "Recent mean relative error of the learned tick costs' predictions.",
                   registry=self.registry).set_function(lambda: costs.error)

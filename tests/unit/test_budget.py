@@ -10,6 +10,7 @@ from cobali.engine.budget import AdaptiveBudget
 from cobali.engine.costfit import OnlineCostFit
 from cobali.engine.engine import Engine, EngineConfig
 from cobali.sim.backend import SimBackend
+from tests.unit.test_deadline_budget import decoding
 
 # 10 ms per tick, 2 ms per prefill token, 5 ms per decode row, 1 us per decode KV token.
 PROFILE = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6)
@@ -19,7 +20,7 @@ def test_prefill_gets_what_fits_under_the_target() -> None:
     budget = AdaptiveBudget(OnlineCostFit(PROFILE), itl_target_s=0.250, n_batch=512)
     # 4 decodes with 1000 KV tokens: 10 + 20 + 1 = 31 ms paid, 219 ms left -> 109 tokens.
     assert budget.prefill_tokens(4, 1000) == 109
-    assert budget.tokens(4, 1000) == 113
+    assert budget.tokens(decoding(4, 250)) == 113
 
 
 def test_a_deep_prefill_gets_fewer_tokens() -> None:
@@ -43,7 +44,7 @@ def test_a_target_too_tight_still_leaves_the_minimum_chunk() -> None:
 
 def test_budget_never_exceeds_n_batch() -> None:
     budget = AdaptiveBudget(OnlineCostFit(PROFILE), itl_target_s=10.0, n_batch=256)
-    assert budget.tokens(16, 100) == 256
+    assert budget.tokens(decoding(16, 6)) == 256
 
 
 def test_bad_target_is_rejected() -> None:

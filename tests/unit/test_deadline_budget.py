@@ -1,0 +1,131 @@
+"""The deadline budget: prefill sized by the slack a TPOT SLO leaves every decoding request, on a virtual clock."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cobali.backends.base import SamplingParams
+from cobali.costs import CostProfile
+from cobali.engine.budget import AdaptiveBudget, DeadlineBudget, FixedBudget, tick_budget
+from cobali.engine.costfit import OnlineCostFit, TickTerms
+from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.request import Request, RequestState
+from cobali.options import add_engine_args, engine_config
+from cobali.sim.backend import SimBackend
+
+# 10 ms per tick, 2 ms per prefill token, 5 ms per decode row, 1 us per decode KV token.
+PROFILE = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6)
+
+
+def decoding_request(context: int, token_times: tuple[float, ...] = (0.0,), request_id: int = 0) -> Request:
+    """A request in DECODE holding `context` tokens, which sampled its tokens at `token_times`."""
+    n_out = len(token_times)
+    request = Request(request_id, [1] * (context - n_out), SamplingParams(), arrival_time=0.0,
+                      state=RequestState.DECODE, output_tokens=[2] * n_out, token_times=list(token_times))
+    request.computed_tokens = context - 1
+    return request
+
+
+def decoding(n: int, context: int) -> list[Request]:
+    return [decoding_request(context, request_id=i) for i in range(n)]
+
+
+def deadline(tpot_ms: float = 100, itl_max_ms: float = float("inf"), costs: OnlineCostFit | None = None,
+             n_batch: int = 512) -> DeadlineBudget:
+    return DeadlineBudget(costs or OnlineCostFit(PROFILE), tpot_ms / 1e3, itl_max_ms / 1e3, n_batch)
+
+
+def test_the_next_token_is_due_on_the_schedule_or_the_itl_bound() -> None:
+    request = decoding_request(100, (1.0, 1.01, 1.02))
+    assert deadline(100).due(request) == pytest.approx(1.3)  # third token after the first: 1.0 + 3 x 0.1
+    assert deadline(100, itl_max_ms=200).due(request) == pytest.approx(1.22)  # 1.02 + 0.2 comes first
+
+
+def test_prefill_gets_what_fits_in_the_slack() -> None:
+    # One decode of 1000 tokens: 10 + 5 + 1 = 16 ms paid; due at 0.3, now 0.069: 231 ms slack -> 107 tokens.
+    request = decoding_request(1000, (0.0, 0.05, 0.06))
+    assert deadline(100).tokens([request], now=0.069) == 1 + 107
+
+
+def test_the_tightest_deadline_decides() -> None:
+    ahead, behind = decoding_request(500, (0.0, 0.01, 0.02)), decoding_request(500, (0.0, 0.1), request_id=1)
+    budget = deadline(100)
+    # ahead is due at 0.3, behind at 0.2; now 0.03: 170 ms of slack, 10 + 10 + 1 = 21 ms for the decodes.
+    assert budget.tokens([ahead, behind], now=0.03) == 2 + 74
+    assert budget.tokens([ahead], now=0.03) == 1 + 127
+
+
+def test_a_request_behind_its_schedule_leaves_the_minimum_chunk() -> None:
+    late = decoding_request(100, (0.0, 0.2))  # its third token was due at 0.2
+    assert deadline(100).tokens([late], now=0.25) == 1 + 32
+
+
+def test_no_decodes_means_the_whole_batch() -> None:
+    assert deadline(100).tokens([], now=5.0) == 512
+
+
+def test_banked_slack_never_exceeds_the_batch() -> None:
+    request = decoding_request(100, tuple(0.01 * i for i in range(100)))  # due at 10 s
+    assert deadline(100, n_batch=256).tokens([request], now=1.0) == 256
+
+
+def test_an_unconfident_fit_gets_the_minimum_chunk() -> None:
+    learning = OnlineCostFit()
+    for terms in (TickTerms(100, 1, 100), TickTerms(0, 1, 100), TickTerms(300, 0, 0)):
+        learning.observe(terms, PROFILE.predict_tick_s(terms.prefill_tokens, terms.decode_rows, 100))
+    assert not learning.confident
+    request = decoding_request(100, tuple(0.01 * i for i in range(100)))
+    assert deadline(100, costs=learning).tokens([request], now=1.0) == 1 + 32
+
+
+def test_the_flags_pick_the_budget() -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser, itl_target_ms=250)
+    pick = [tick_budget(engine_config(parser.parse_args(flags)), PROFILE) for flags in
+            (["--itl-target-ms", "0"], [], ["--tpot-slo-ms", "80", "--itl-max-ms", "400"], ["--tpot-slo-ms", "80"])]
+    assert [type(b) for b in pick] == [FixedBudget, AdaptiveBudget, DeadlineBudget, DeadlineBudget]
+    assert (pick[2].tpot_slo_s, pick[2].itl_max_s, pick[3].itl_max_s) == (0.08, 0.4, float("inf"))
+
+
+@pytest.mark.parametrize("field", ["tpot_slo_ms", "itl_max_ms"])
+def test_bad_settings_are_rejected(field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(**{field: -1.0})
+
+
+def run_beside_a_long_prompt(**budget_flags: float) -> tuple[Request, list[int], float]:
+    """Request 0 decodes alone for 10 ticks (15 ms each, far under a 100 ms TPOT), then a 400-token prompt
+    arrives. Ticks take the profile's time on the virtual clock, so predictions are exact.
+    Returns request 0, the prompt's chunks, and its TTFT."""
+    backend = SimBackend(PROFILE, n_seq_max=4, n_batch=512)
+    engine = Engine(backend, EngineConfig(max_slots=4, n_batch=512, **budget_flags), clock=backend.clock,
+                    costs=PROFILE)
+    first = engine.add_request([5] * 10, SamplingParams(max_tokens=60, ignore_eos=True))
+    for _ in range(10):
+        engine.step()
+    prompt = engine.add_request([6] * 400, SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.run_until_done()
+    chunks = [c.n_tokens for t in engine.ticks for c in t.plan.chunks if c.request_id == prompt.id and c.n_tokens > 1]
+    return first, chunks, prompt.token_times[0] - prompt.arrival_time
+
+
+def gaps(request: Request) -> list[float]:
+    return [b - a for a, b in zip(request.token_times, request.token_times[1:], strict=False)]
+
+
+def test_banked_slack_goes_into_one_long_chunk_and_no_token_is_late() -> None:
+    _, fixed_chunks, fixed_ttft = run_beside_a_long_prompt(itl_target_ms=100)
+    first, chunks, ttft = run_beside_a_long_prompt(tpot_slo_ms=100)
+    assert fixed_chunks == [42] * 9 + [22]  # the fixed target: ten stalls near 100 ms
+    assert chunks == [400]  # 10 tokens in 150 ms banked 850 ms: the whole prompt in one tick
+    assert ttft < fixed_ttft
+    times = first.token_times
+    assert all(t <= times[0] + i * 0.100 + 1e-9 for i, t in enumerate(times))  # every token on schedule
+
+
+def test_the_itl_bound_caps_one_gap() -> None:
+    first, chunks, _ = run_beside_a_long_prompt(tpot_slo_ms=100, itl_max_ms=300)
+    assert chunks == [142, 142, 116]  # (300 - 15 ms of decode) / 2 ms = 142 tokens a tick
+    assert max(gaps(first)) <= 0.300 + 1e-9
