@@ -92,16 +92,18 @@ def prefill_within(seconds: float, costs: OnlineCostFit, n_batch: int, min_chunk
 
 @dataclass(frozen=True)
 class DeadlineBudget:
-    """A TPOT SLO instead of a fixed per-tick target. A decoding request's next token is due on its TPOT
-    schedule, first token time + tokens so far x tpot_slo_s, and never later than itl_max_s after its last
-    token. Prefill gets the largest chunk whose predicted tick ends before the earliest deadline: a request
-    that ran ahead of its schedule (light load: decode ticks far below the SLO) has banked slack, and one
-    long chunk spends it, rather than many medium stalls; a request behind schedule (heavy load) leaves
-    prefill min_chunk. With nothing decoding, a prompt is not chunked below n_batch."""
+    """A TPOT SLO instead of a fixed per-tick target. The SLO holds for a request when its last token comes
+    within (max_tokens - 1) x tpot_slo_s of its first (TPOT as `vllm bench serve` defines it). Its next
+    token is due at the latest time that still leaves every later token, at this tick's decode-only cost,
+    inside that bound, and never later than itl_max_s after its last token. Prefill gets the largest chunk
+    whose predicted tick ends before the earliest such deadline. At light load decode ticks cost far less
+    than the SLO, so the slack is large and a prompt goes in a few long chunks (few stalled gaps) instead
+    of many medium ones; under load the decode ticks eat the slack and prefill gets min_chunk. With
+    nothing decoding, a prompt is not chunked below n_batch."""
 
     costs: OnlineCostFit
     tpot_slo_s: float
-    itl_max_s: float  # the hard bound on one gap; inf: only the TPOT schedule (and n_batch) bound it
+    itl_max_s: float  # the hard bound on one gap; inf: only the SLO (and n_batch) bound it
     n_batch: int
     min_chunk: int = 32
 
@@ -110,16 +112,20 @@ class DeadlineBudget:
             raise ValueError(f"the TPOT SLO and the ITL bound must be > 0 ms, got {self.tpot_slo_s * 1e3:g} "
                              f"and {self.itl_max_s * 1e3:g}")
 
-    def due(self, request: Request) -> float:
-        """When the request's next token is due (it has sampled at least one)."""
-        times = request.token_times
-        return min(times[0] + len(times) * self.tpot_slo_s, times[-1] + self.itl_max_s)
+    def due(self, request: Request, decode_s: float) -> float:
+        """When the request's next token is due (it has sampled at least one), if each later one takes
+        decode_s. A request that stops early (end of generation) ends with less TPOT slack than planned."""
+        times, n_max = request.token_times, request.params.max_tokens
+        later = max(n_max - len(times) - 1, 0)
+        last_due = times[0] + (n_max - 1) * self.tpot_slo_s
+        return min(last_due - later * decode_s, times[-1] + self.itl_max_s)
 
     def tokens(self, decoding: Sequence[Request], prefill_depth: int = 0, now: float = 0.0) -> int:
         if not decoding:
             return self.n_batch
-        slack = min(map(self.due, decoding)) - now
         decodes = TickTerms(0, len(decoding), sum(r.n_context_tokens for r in decoding))
+        decode_s = self.costs.predict(decodes)
+        slack = min(self.due(r, decode_s) for r in decoding) - now
         return len(decoding) + prefill_within(slack, self.costs, self.n_batch, self.min_chunk, decodes, prefill_depth)
 
     def observe(self, terms: TickTerms, seconds: float) -> None:
