@@ -52,8 +52,8 @@ Doc = tuple[str, list[str]]
 Counter = Callable[[str], int]
 
 
-def prose(doc: str) -> list[str]:
-    """Sentences of the plain-prose paragraphs of a docstring (no code, lists, markup or non-ASCII)."""
+def prose_paragraphs(doc: str) -> list[str]:
+    """The plain-prose paragraphs of a docstring (no code, lists, markup or non-ASCII), each on one line."""
     out: list[str] = []
     for para in doc.split("\n\n"):
         lines = para.strip("\n").splitlines()
@@ -64,8 +64,13 @@ def prose(doc: str) -> list[str]:
             continue
         if sum(c.isalpha() or c.isspace() for c in text) < 0.9 * len(text):
             continue
-        out += [s for s in SPLIT.split(text) if len(s) >= 20]
+        out.append(text)
     return out
+
+
+def prose(doc: str) -> list[str]:
+    """Sentences of the plain-prose paragraphs of a docstring."""
+    return [s for text in prose_paragraphs(doc) for s in SPLIT.split(text) if len(s) >= 20]
 
 
 def collect_docs() -> list[list[Doc]]:

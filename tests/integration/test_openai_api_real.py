@@ -134,7 +134,7 @@ def test_embeddings_rank_a_paraphrase_above_an_unrelated_sentence(client: OpenAI
 
 
 def test_embedding_inputs_share_decodes(backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-    import cobali.backends.llama_cpp as module
+    import cobali.backends.llama_cpp.embedder as module
 
     decoded: list[int] = []  # tokens per llama_decode
     decode = module.ll.llama_decode

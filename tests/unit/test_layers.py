@@ -104,6 +104,22 @@ def test_no_import_circle() -> None:
     assert circles(import_graph()) == []
 
 
+def modules_importing(package: str, root: Path = PACKAGE) -> set[str]:
+    found = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n and n.split(".")[0] == package for n in names):
+                found.add(module_name(path))
+    return found
+
+
+def test_only_the_llama_cpp_backend_imports_llama_cpp() -> None:
+    importers = modules_importing("llama_cpp")
+    assert importers and all(m.startswith("cobali.backends.llama_cpp.") for m in importers), sorted(importers)
+
+
 def test_the_checks_see_a_planted_upward_import_and_circle(tmp_path: Path) -> None:
     graph = import_graph()
     graph["cobali.engine.kv"] = graph["cobali.engine.kv"] | {"cobali.server.config"}

@@ -1,0 +1,195 @@
+"""The Backend over one llama.cpp model and context: decode, KV sequences, vocabulary, templates."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import llama_cpp as ll
+import numpy as np
+
+from cobali.backends.base import BackendInfo, BatchArrays, EmbeddingLimits, SamplingParams, TemplateSource
+from cobali.backends.embedded_model import embedded_model_path
+from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
+from cobali.backends.llama_cpp.embedder import EMBEDDING_CTX, EMBEDDING_SEQS, Embedder
+from cobali.backends.llama_cpp.sampler import LlamaCppSampler
+from cobali.backends.llama_cpp.tools import silence_logs
+from cobali.backends.llama_cpp_config import PREFILL_TILE, LlamaCppConfig
+
+
+class LlamaCppBackend:
+    def __init__(self, options: LlamaCppConfig) -> None:
+        model_path = options.model_path or embedded_model_path()
+        if not os.path.isfile(model_path):
+            raise ValueError(f"model file not found: {model_path}")
+        if not options.verbose:
+            silence_logs()
+        ll.llama_backend_init()
+        self.options = options
+        self.model = self._load_model(model_path, options)
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.ctx = self._new_context(options)
+        self.memory = ll.llama_get_memory(self.ctx)
+        n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.info = BackendInfo(
+            n_vocab=n_vocab,
+            n_ctx=ll.llama_n_ctx(self.ctx),
+            n_ctx_seq=ll.llama_n_ctx_seq(self.ctx),
+            n_seq_max=ll.llama_n_seq_max(self.ctx),
+            n_batch=ll.llama_n_batch(self.ctx),
+            kv_unified=options.kv_unified,
+            description=self._describe(options),
+            prefill_tile=PREFILL_TILE,
+        )
+        self._batch = OwnedBatch(self.info.n_batch)
+        self._pieces: dict[int, bytes] = {}
+        self._embedder: Embedder | None = None
+
+    @staticmethod
+    def _load_model(model_path: str, options: LlamaCppConfig):
+        params = ll.llama_model_default_params()
+        gpu = options.n_gpu_layers
+        params.n_gpu_layers = (999 if ll.llama_supports_gpu_offload() else 0) if gpu < 0 else gpu
+        params.use_extra_bufts = options.use_extra_bufts
+        model = ll.llama_model_load_from_file(model_path.encode(), params)
+        if not model:
+            raise ValueError(f"could not load a GGUF model from {model_path}")
+        return model
+
+    def _new_context(self, options: LlamaCppConfig):
+        params = ll.llama_context_default_params()
+        n_ctx = options.total_cells(ll.llama_model_n_ctx_train(self.model))
+        threads = options.n_threads or os.cpu_count() or 1
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = options.n_batch  # one decode = one compute graph
+        params.n_seq_max = options.n_seq_max
+        params.n_threads = params.n_threads_batch = threads
+        params.kv_unified = options.kv_unified
+        params.no_perf = True
+        ctx = ll.llama_init_from_model(self.model, params)
+        if not ctx:
+            raise ValueError(f"could not create a llama.cpp context (n_ctx={n_ctx}, n_seq_max={options.n_seq_max})")
+        return ctx
+
+    def _describe(self, options: LlamaCppConfig) -> str:
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self.model, buf, len(buf))
+        kv = "unified" if options.kv_unified else "per-sequence streams"
+        return f"{buf.value.decode(errors='replace')}, {self.info_threads()} threads, KV {kv}"
+
+    def info_threads(self) -> int:
+        return ll.llama_n_threads(self.ctx)
+
+    # ---- compute ----------------------------------------------------------------------------------
+
+    def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
+        n = self._batch.fill(tokens, positions, seq_ids, want_logits)
+        decode_batch(self.ctx, self._batch)
+        n_out = int(np.count_nonzero(want_logits[:n]))
+        if n_out == 0:
+            return np.zeros((0, self.info.n_vocab), dtype=np.float32)
+        # llama_get_logits returns the output rows in batch order; view them without copying.
+        return np.ctypeslib.as_array(ll.llama_get_logits(self.ctx), shape=(n_out, self.info.n_vocab))
+
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        return logits.argmax(axis=1)
+
+    def batch_arrays(self) -> BatchArrays:
+        return self._batch.arrays
+
+    def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        ll.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+
+    def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    # ---- vocabulary -------------------------------------------------------------------------------
+
+    def eog_mask(self) -> np.ndarray:
+        return np.array([ll.llama_vocab_is_eog(self.vocab, t) for t in range(self.info.n_vocab)], dtype=bool)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8", errors="replace")
+        capacity = len(data) + 16
+        buf = (ll.llama_token * capacity)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
+        if n < 0:  # buffer too small: -n is the size needed
+            capacity = -n
+            buf = (ll.llama_token * capacity)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        template = ll.llama_model_chat_template(self.model, None)
+        if not template:
+            raise ValueError("the model has no chat template")
+        chat = (ll.llama_chat_message * len(messages))()
+        keep = []  # the C structs point into these bytes
+        for item, message in zip(chat, messages, strict=True):
+            role, content = message["role"].encode(), message["content"].encode()
+            keep += [role, content]
+            item.role, item.content = role, content
+        size = 1024 + 2 * sum(len(b) for b in keep)
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
+        if n < 0:
+            raise ValueError("the model's chat template is not supported by llama.cpp")
+        if n > size:
+            buf = ctypes.create_string_buffer(n)
+            n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, n)
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def chat_template_source(self) -> TemplateSource:
+        text = ll.llama_model_chat_template(self.model, None)
+        return TemplateSource(text.decode("utf-8", errors="replace") if text else None,
+                              self._special_text(ll.llama_vocab_bos(self.vocab)),
+                              self._special_text(ll.llama_vocab_eos(self.vocab)),
+                              bool(ll.llama_vocab_get_add_bos(self.vocab)))
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:  # LLAMA_TOKEN_NULL: the model has no such token
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:max(n, 0)].decode("utf-8", errors="replace")
+
+    # ---- embeddings -------------------------------------------------------------------------------
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Pooled embeddings, one row per input, from a context of their own (made on first use)."""
+        if self._embedder is None:
+            self._embedder = Embedder(self.model, self.options)
+        return self._embedder.embed(inputs)
+
+    @property
+    def embedding_limits(self) -> EmbeddingLimits:
+        # Positions past the model's training context would embed garbage.
+        max_tokens = min(EMBEDDING_CTX, ll.llama_model_n_ctx_train(self.model))
+        return EmbeddingLimits(max_tokens, EMBEDDING_SEQS, ll.llama_model_n_embd(self.model))
+
+    # ---- sampling ---------------------------------------------------------------------------------
+
+    def new_sampler(self, params: SamplingParams) -> LlamaCppSampler:
+        return LlamaCppSampler(self.ctx, self.vocab, params)
+
+    def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
+        if self.ctx:
+            ll.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            ll.llama_model_free(self.model)
+            self.model = None
