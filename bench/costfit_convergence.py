@@ -21,7 +21,7 @@ import numpy as np
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.costfit import OnlineCostFit, TickTerms
-from cobali.engine.engine import TickRecord
+from cobali.engine.plan import TickRecord
 from cobali.options import add_engine_args, engine_spec, non_negative_int, positive_int
 from cobali.workloads import load_items
 

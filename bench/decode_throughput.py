@@ -16,7 +16,8 @@ import numpy as np
 
 from cobali.backends.base import SamplingParams
 from cobali.config import build_backend
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.options import add_backend_args, backend_config, positive_int
 
 

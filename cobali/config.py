@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from cobali.backends.base import Backend
 from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.costs import CostProfile, load_profile
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 
 
 def build_backend(config: LlamaCppConfig) -> Backend:

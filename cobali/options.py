@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.config import EngineSpec
-from cobali.engine.engine import EngineConfig
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
 from cobali.engine.queue import QUEUE_ORDERS
 from cobali.workloads import WorkItem, load_items

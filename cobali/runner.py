@@ -12,7 +12,8 @@ import numpy as np
 from tqdm import tqdm
 
 from cobali.backends.base import SamplingParams
-from cobali.engine.engine import Engine, TickRecord
+from cobali.engine.engine import Engine
+from cobali.engine.plan import TickRecord
 from cobali.engine.request import Request
 from cobali.metrics import summarize
 from cobali.workloads import WorkItem

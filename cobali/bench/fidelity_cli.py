@@ -10,7 +10,8 @@ from pathlib import Path
 from cobali.backends.base import Backend
 from cobali.bench.fidelity import EPSILON, Trace, compare_runs, greedy_traces
 from cobali.config import build_backend
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.policies import MODES
 from cobali.metrics import write_json
 from cobali.options import (

@@ -15,7 +15,8 @@ from tqdm import tqdm
 
 from cobali.backends.base import Backend, SamplingParams
 from cobali.engine.budget import CostModel
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import Request
 from cobali.runner import RunResult, run_workload, user_cpu_seconds
 from cobali.workloads import WorkItem

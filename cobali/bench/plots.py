@@ -14,8 +14,7 @@ from matplotlib.ticker import NullFormatter
 
 from cobali.bench.offline import BenchRun
 from cobali.bench.report import gaps_ms
-from cobali.engine.engine import TickRecord
-from cobali.engine.plan import ChunkKind
+from cobali.engine.plan import ChunkKind, TickRecord
 from cobali.metrics import latency_samples, request_timing
 
 COLOURS = {ChunkKind.PREFILL: ("tab:orange", "peru"), ChunkKind.DECODE: ("tab:blue", "steelblue")}

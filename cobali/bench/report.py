@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cobali.bench.offline import BenchRun
-from cobali.engine.engine import TickRecord
+from cobali.engine.plan import TickRecord
 from cobali.metrics import LATENCIES, percentile_stats, request_record, write_json
 
 # (header, summary key, format); a missing or None value prints as "-".

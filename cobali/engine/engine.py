@@ -6,17 +6,17 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from cobali.backends.base import Backend, DecodeError, SamplingParams
 from cobali.engine.batch_fill import fill_batch
-from cobali.engine.budget import check_budget_settings, tick_budget
+from cobali.engine.budget import tick_budget
 from cobali.engine.costfit import CostCoefficients, TickTerms
 from cobali.engine.detok import TextStream
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv import SlotPool
-from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, Plan, TrimSlot
+from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, Plan, TickRecord, TrimSlot
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.queue import WaitQueue
@@ -26,54 +26,6 @@ from cobali.engine.scheduler import Scheduler
 
 # Called after every sampled token and at finish: (request, text delta). Runs on the engine thread.
 TokenCallback = Callable[[Request, str], None]
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    mode: str = "cont"
-    max_slots: int = 16
-    prefill_chunk_tokens: int = 512
-    n_batch: int = 512
-    policy: str = "decode-max"
-    # reserve: measured faster than optimistic on a tight unified pool (7.20 s vs 8.09 s, short_burst on
-    # 512 cells); with per-sequence streams the two admit the same.
-    kv_admission: str = "reserve"
-    queue: str = "fifo"
-    prefix_cache: bool = True
-    itl_target_ms: float = 0.0  # > 0: adaptive tick budget from a cost profile; 0: fixed n_batch
-    tpot_slo_ms: float = 0.0  # > 0: the deadline budget (engine/budget.py), bounded by itl_max_ms (0: none)
-    itl_max_ms: float = 0.0
-    record_ticks: bool = True
-
-    def __post_init__(self) -> None:
-        admission_for_mode(self.mode, self.prefill_chunk_tokens)
-        batch_policy(self.policy)
-        kv_policy(self.kv_admission)
-        WaitQueue(self.queue)
-        if self.prefill_chunk_tokens < 1:
-            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
-        if self.max_slots < 1:
-            raise ValueError(f"max_slots must be >= 1, got {self.max_slots}")
-        check_budget_settings(self)
-
-
-@dataclass(frozen=True)
-class TickRecord:
-    plan: Plan
-    start: float
-    decode_start: float
-    decode_end: float
-    end: float
-    n_running: int  # requests holding a slot during the tick
-    n_waiting: int  # requests queued after admission
-
-    @property
-    def decode_s(self) -> float:
-        return self.decode_end - self.decode_start
-
-    @property
-    def host_s(self) -> float:
-        return (self.end - self.start) - self.decode_s
 
 
 class Engine:

@@ -94,3 +94,22 @@ class Plan:
         parts = ", ".join(f"req {c.request_id}: [{c.start}..{c.end}) of {c.context_tokens}" for c in prefills)
         detail = f" ({parts})" if parts else ""
         return f"{self.n_decode} decode + {len(prefills)} prefill{detail} = {self.n_tokens} tok"
+
+
+@dataclass(frozen=True)
+class TickRecord:
+    plan: Plan
+    start: float
+    decode_start: float
+    decode_end: float
+    end: float
+    n_running: int  # requests holding a slot during the tick
+    n_waiting: int  # requests queued after admission
+
+    @property
+    def decode_s(self) -> float:
+        return self.decode_end - self.decode_start
+
+    @property
+    def host_s(self) -> float:
+        return (self.end - self.start) - self.decode_s

@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cobali.engine.budget import AdaptiveBudget, DeadlineBudget
 from cobali.engine.costfit import OnlineCostFit
-from cobali.engine.engine import Engine, TickRecord
+from cobali.engine.engine import Engine
+from cobali.engine.plan import TickRecord
 from cobali.engine.request import FinishReason, Request
 from cobali.engine.scheduler import Scheduler
 from cobali.metrics import request_timing

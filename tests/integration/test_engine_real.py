@@ -10,7 +10,8 @@ from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.bench.fidelity import Trace, compare_runs, greedy_traces
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import FinishReason
 from cobali.workloads import WorkItem
 

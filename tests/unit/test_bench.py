@@ -17,7 +17,8 @@ from cobali.bench import cli as bench_cli
 from cobali.bench.offline import LoadOptions, parse_configs, run_open_loop, sweep_configs
 from cobali.bench.report import gaps_ms
 from cobali.costs import CostProfile
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.sim.backend import SimBackend
 from cobali.workloads import WorkItem, arrival_offsets, inter_arrivals, random_items, resolve_prompts
 

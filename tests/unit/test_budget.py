@@ -8,7 +8,8 @@ from cobali.backends.base import SamplingParams
 from cobali.costs import CostProfile, Measurement
 from cobali.engine.budget import AdaptiveBudget
 from cobali.engine.costfit import OnlineCostFit
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.sim.backend import SimBackend
 from tests.unit.test_deadline_budget import decoding
 

@@ -15,7 +15,8 @@ from openai import OpenAI
 
 from cobali.backends.base import TemplateSource
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.server.app import create_app
 from cobali.server.chat_schemas import ChatCompletionRequest
 from cobali.server.chat_template import ChatPrompter, JinjaChatTemplate

@@ -9,7 +9,8 @@ import pytest
 from cobali.backends.base import SamplingParams
 from cobali.costs import CostProfile
 from cobali.engine.costfit import OnlineCostFit, TickTerms
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.sim.backend import SimBackend
 
 TRUTH = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,

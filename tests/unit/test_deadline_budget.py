@@ -11,7 +11,8 @@ from cobali.backends.base import SamplingParams
 from cobali.costs import CostProfile
 from cobali.engine.budget import AdaptiveBudget, DeadlineBudget, FixedBudget, tick_budget
 from cobali.engine.costfit import OnlineCostFit, TickTerms
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import Request, RequestState
 from cobali.options import add_engine_args, engine_config
 from cobali.sim.backend import SimBackend

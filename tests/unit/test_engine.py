@@ -7,7 +7,8 @@ import pytest
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import FinishReason, Request, RequestState
 
 

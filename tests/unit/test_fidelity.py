@@ -8,7 +8,8 @@ import pytest
 
 from cobali.backends.fake import FakeBackend
 from cobali.bench.fidelity import Trace, compare, compare_runs, greedy_traces
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.workloads import WorkItem
 
 ITEMS = [WorkItem([1 + (s * 7 + i * 3) % 90 for i in range(10 + 9 * s)], 12) for s in range(6)]

@@ -7,7 +7,8 @@ import pytest
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from tests.unit.test_openai_conformance import fake_logprob
 
 PROMPTS = [list(range(1, 41)), list(range(5, 33))]

@@ -18,7 +18,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from cobali import cli
 from cobali.backends.fake import FakeBackend
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.ray.asgi import HTTPRequest, call_app
 from cobali.ray.gateway import LeastBusy, gateway_app
 from cobali.server.app import create_app

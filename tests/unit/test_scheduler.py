@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import ChunkKind
 from cobali.engine.request import RequestState
 

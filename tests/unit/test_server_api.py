@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.server.app import create_app
 
 N_CTX_SEQ = 256

@@ -15,7 +15,8 @@ import pytest
 import uvicorn
 
 from cobali.backends.fake import FakeBackend
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.server.app import create_app
 from cobali.server.serve import DrainingServer
 

@@ -12,7 +12,8 @@ from cobali.backends.fake import FakeBackend
 from cobali.calibrate import chars_per_token
 from cobali.cli import main
 from cobali.costs import CostProfile, load_profile
-from cobali.engine.engine import Engine, EngineConfig
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimSpec, simulate
 from cobali.sim.plan import plan_replicas
