@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 from dataclasses import asdict
 from pathlib import Path
 
@@ -66,12 +67,14 @@ def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list
     print(f"cobali bench serve --sweep: {len(items)} prompts at {', '.join(f'{r:g}' for r in rates)} req/s "
           f"against {', '.join(name for name, _ in servers)}")
     results: dict[str, dict] = {}
+    run_ids = itertools.count()
     for name, url in servers:
         rows: list[dict] = []
 
         def held(rate: float, url: str = url, rows: list[dict] = rows) -> bool:
             options = serve_options(args, url, args.concurrency or len(items), rate)
-            runs = [sweep_row(rate, asyncio.run(run_serve(items, options)), limits) for _ in range(args.repeat)]
+            runs = [sweep_row(rate, asyncio.run(run_serve(tagged(items, next(run_ids)), options)), limits)
+                    for _ in range(args.repeat)]
             rows.append(combine_repeats(runs))
             return meets(rows[-1], slo)
 
@@ -90,6 +93,14 @@ def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list
         print(f"wrote sweep.json and one plot per metric to {out}")
     failed = sum(row["failed"] for r in results.values() for row in r["rows"])
     return 0 if failed == 0 else 1
+
+
+def tagged(items: list[WorkItem], run: int) -> list[WorkItem]:
+    """The workload with every text prompt opened by a tag of its run. A sweep sends the same prompts many
+    times; without the tag a server would answer later runs from the KV an earlier run left cached
+    (llama-server keeps each slot's last prompt), and measure its cache instead of its scheduling."""
+    return [WorkItem(f"[run {run}] {item.prompt}", item.max_tokens) if isinstance(item.prompt, str) else item
+            for item in items]
 
 
 def format_sweep(results: dict[str, dict], slo: dict[str, float]) -> str:

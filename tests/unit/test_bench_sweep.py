@@ -108,6 +108,8 @@ def test_sweep_runs_every_server_at_every_rate_and_plots_each_metric(tmp_path: P
     capacities = {name: server["capacity"]["rate"] for name, server in sweep["servers"].items()}
     assert capacities == {"fast": 400.0, "slow": None}
     assert len(fast.bodies) == len(slow.bodies) == 16  # two runs at both rates; no bisection without a bound
+    # Every run's prompts are its own, so no server can answer one run from another's cached prompts.
+    assert len({body["prompt"] for body in fast.bodies + slow.bodies}) == 32
     for name in ("ttft_p99", "tpot_p50", "itl_p99", "goodput_req_s", "output_tok_s"):
         assert (tmp_path / "r" / f"sweep_{name}.png").read_bytes().startswith(b"\x89PNG")
     assert "capacity >= 400 req/s" in out.getvalue()
