@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 LAYER_OF = {
-    **dict.fromkeys(("cli", "ray", "run", "calibrate", "bench", "server", "batch", "sim"), "faces"),
+    **dict.fromkeys(("cli", "ray", "run", "calibrate", "bench", "server", "batch", "sim", "synth"), "faces"),
     **dict.fromkeys(("options", "config", "runner", "metrics", "workloads", "costs", "__init__"), "shared"),
     "engine": "engine",
     "backends": "backends",
