@@ -110,8 +110,11 @@ def test_logprobs_through_the_openai_client(client: OpenAI) -> None:
 
 
 def test_stop_strings_are_honoured(client: OpenAI) -> None:
-    full = client.completions.create(model="smol", prompt=PROMPT, max_tokens=16, temperature=0,
-                                     extra_body={"ignore_eos": True}).choices[0].text
+    # The reference is the second of two identical requests: it finds the prompt's KV cached exactly as the
+    # stopped request will, so both compute the same batches and the comparison holds on any CPU.
+    for _ in range(2):
+        full = client.completions.create(model="smol", prompt=PROMPT, max_tokens=16, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
     stop = full[len(full) // 2:][:3]
     cut = client.completions.create(model="smol", prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
                                     extra_body={"ignore_eos": True}).choices[0]
