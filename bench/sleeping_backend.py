@@ -39,9 +39,11 @@ class SleepingBackend(NullBackend):
         return super().decode(tokens, positions, seq_ids, want_logits)
 
 
-def build_engine(concurrency: int, sleep_s: float, n_vocab: int, record_ticks: bool = False) -> Engine:
+def build_engine(concurrency: int, sleep_s: float, n_vocab: int, record_ticks: bool = False,
+                 overlap: bool = False) -> Engine:
     backend = SleepingBackend(concurrency, sleep_s, n_vocab)
-    config = EngineConfig(max_slots=concurrency, n_batch=backend.info.n_batch, record_ticks=record_ticks)
+    config = EngineConfig(max_slots=concurrency, n_batch=backend.info.n_batch, record_ticks=record_ticks,
+                          async_scheduling=overlap)
     return Engine(backend, config)
 
 
@@ -51,8 +53,9 @@ def busy_share(ticks: list[tuple[float, float, float]], t0: float, t1: float) ->
     return inside / (t1 - t0)
 
 
-def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int) -> dict:
-    engine = build_engine(concurrency, sleep_s, n_vocab)
+def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int,
+               overlap: bool = False) -> dict:
+    engine = build_engine(concurrency, sleep_s, n_vocab, overlap=overlap)
     ticks: list[tuple[float, float, float]] = []
     sampled: list[tuple[float, int]] = []
     engine.on_tick = lambda r: (ticks.append((r.start, r.decode_start, r.decode_end)),
@@ -67,7 +70,7 @@ def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         for _ in range(concurrency - len(engine.requests)):
             engine.add_request(PROMPT, params)
     tokens = sum(n for t, n in sampled if t0 <= t < t1)
-    return {"concurrency": concurrency, "path": "engine", "busy": busy_share(ticks, t0, t1),
+    return {"concurrency": concurrency, "path": "engine" + " async" * overlap, "busy": busy_share(ticks, t0, t1),
             "tokens_per_s": tokens / (t1 - t0)}
 
 
@@ -178,6 +181,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--n-vocab", type=int, default=49152)
     parser.add_argument("--serve", action="store_true", help="also measure through the HTTP server")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="also run the engine with async scheduling (the next tick planned during the decode)")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--json", default=None, help="write the rows here")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
@@ -188,16 +193,18 @@ def main() -> None:
         serve_child(args.child, args.concurrency[0], sleep_s, args.n_vocab, args.ticks_file)
         return
     rows = []
-    print(f"{'path':>7} {'in flight':>9} {'backend busy':>13} {'tokens/s':>9}")
+    print(f"{'path':>12} {'in flight':>9} {'backend busy':>13} {'tokens/s':>9}")
     for n in args.concurrency:
         paths = [run_engine(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab)]
+        if args.async_scheduling:
+            paths.append(run_engine(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, overlap=True))
         if args.serve:
             paths.append(run_server(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, args.port))
         for row in paths:
             rows.append(row)
             cpu = (f"  CPU cores used: server {row['server_cpu']:.2f}, clients {row['client_cpu']:.2f}"
                    if "server_cpu" in row else "")
-            print(f"{row['path']:>7} {n:>9} {row['busy']:>12.1%} {row['tokens_per_s']:>9.0f}{cpu}")
+            print(f"{row['path']:>12} {n:>9} {row['busy']:>12.1%} {row['tokens_per_s']:>9.0f}{cpu}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -41,7 +41,8 @@ def batch_command(args: argparse.Namespace) -> int:
 
 def serve_command(args: argparse.Namespace) -> int:
     """One engine in this process, or --replicas engines behind one endpoint with Ray Serve."""
-    spec, settings = engine_spec(args), server_config(args)
+    # A server runs for days: its ticks go to the metrics (Engine.on_tick), not into a list that only grows.
+    spec, settings = engine_spec(args, record_ticks=False), server_config(args)
     if settings.replicas == 1:
         from cobali.server.serve import serve  # FastAPI and uvicorn load only for `serve`
 

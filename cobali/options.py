@@ -75,6 +75,10 @@ def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0)
                              "(default there: this CPU's bundled profile)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="do not reuse KV of earlier prompts sharing a prefix")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="plan and fill the next batch while the current decode runs (for a GPU, whose decode "
+                             "leaves the host idle; on CPU the host work competes with the kernels). A request "
+                             "that stops on a stop string or end of generation rides one extra row")
 
 
 def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> LlamaCppConfig:
@@ -89,7 +93,7 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
                         n_batch=args.n_batch, policy=args.policy, kv_admission=args.kv_admission,
                         queue=args.queue, prefix_cache=args.prefix_cache, itl_target_ms=args.itl_target_ms,
                         tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
-                        **overrides)
+                        async_scheduling=args.async_scheduling, **overrides)
 
 
 def engine_spec(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineSpec:

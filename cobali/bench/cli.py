@@ -42,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_engine_args(parser)
     add_load_args(parser)
     parser.add_argument("--configs", default=None,
-                        help=f"comma-separated: seq, static, cont, cont-splitN (default {DEFAULT_CONFIGS})")
+                        help="comma-separated: seq, static, cont, cont-splitN; any ending in -async runs with "
+                             f"async scheduling (default {DEFAULT_CONFIGS})")
     parser.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2,...",
                         help="cont-mode grid over max-slots and/or prefill-chunk-tokens (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", help="generate exactly max-new tokens")

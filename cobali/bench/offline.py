@@ -33,21 +33,26 @@ class BenchConfig:
     max_slots: int
     prefill_chunk_tokens: int
     knobs: dict[str, int] = field(default_factory=dict, hash=False)  # swept values, for plots
+    async_scheduling: bool | None = None  # None: as the command line says
 
     def engine_config(self, base: EngineConfig) -> EngineConfig:
         """The command line's engine settings (policy, KV admission, ...) with this config's knobs."""
+        overlap = base.async_scheduling if self.async_scheduling is None else self.async_scheduling
         return dataclasses.replace(base, mode=self.mode, max_slots=self.max_slots,
-                                   prefill_chunk_tokens=self.prefill_chunk_tokens)
+                                   prefill_chunk_tokens=self.prefill_chunk_tokens, async_scheduling=overlap)
 
 
 def parse_config(name: str, max_slots: int, prefill_chunk_tokens: int) -> BenchConfig:
-    if name in ("seq", "static", "cont"):
-        return BenchConfig(name, name, max_slots, prefill_chunk_tokens)
-    match = _SPLIT.fullmatch(name)
+    """seq, static, cont, cont-splitN; any of them ending in -async runs with async scheduling."""
+    base = name.removesuffix("-async")
+    overlap = True if base != name else None
+    if base in ("seq", "static", "cont"):
+        return BenchConfig(name, base, max_slots, prefill_chunk_tokens, async_scheduling=overlap)
+    match = _SPLIT.fullmatch(base)
     if match and int(match[1]) >= 1:
-        return BenchConfig(name, "cont", max_slots, int(match[1]))
-    raise ValueError(f"unknown config {name!r}: expected seq, static, cont or cont-splitN "
-                     "(e.g. cont-split256)")
+        return BenchConfig(name, "cont", max_slots, int(match[1]), async_scheduling=overlap)
+    raise ValueError(f"unknown config {name!r}: expected seq, static, cont or cont-splitN, optionally ending "
+                     "in -async (e.g. cont-split256, cont-split256-async)")
 
 
 def parse_configs(text: str, max_slots: int, prefill_chunk_tokens: int) -> list[BenchConfig]:

@@ -1,17 +1,25 @@
-"""Filling llama.cpp's batch for one tick, in one write per array."""
+"""Filling llama.cpp's batch for one tick, in one write per array, and finding each request's rows after."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from cobali.backends.base import BatchArrays
 from cobali.engine.plan import Chunk
-from cobali.engine.prompt_logprobs import wants_prompt_logits
+from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.request import Request, RequestState
 
 
-def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int, Request], now: float) -> int:
-    """Write the plan's rows (Plan.rows) into the backend's batch arrays; returns the number of rows. Every
+class Filled(NamedTuple):
+    n_rows: int
+    requests: list[Request]  # each chunk's, in row order: the tick samples them, even one that ends meanwhile
+    every_row_samples: bool  # one row per chunk and each yields a token: row i is logits row i is request i
+
+
+def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int, Request], now: float) -> Filled:
+    """Write the plan's rows (Plan.rows) into the backend's batch arrays. Every
     row goes into Python lists first and each array is written once: per-row numpy writes cost more than
     the rows themselves at hundreds of decode rows. A request's first chunk stamps its first scheduling."""
     tokens: list[int] = []
@@ -19,8 +27,8 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
     seq_ids: list[int] = []
     ends: list[int] = []  # the row after each sampling row
     every_row: list[range] = []  # chunks whose every row wants logits (prompt logprobs)
-    for chunk in rows:
-        request = requests[chunk.request_id]
+    row_requests = [requests[chunk.request_id] for chunk in rows]
+    for chunk, request in zip(rows, row_requests, strict=True):
         if chunk.n_tokens == 1 and request.state is RequestState.DECODE:
             tokens.append(request.output_tokens[-1])
             positions.append(chunk.start)
@@ -43,4 +51,23 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
     b.want_logits[np.array(ends, dtype=np.intp) - 1] = 1
     for span in every_row:
         b.want_logits[span.start:span.stop] = 1
-    return n
+    return Filled(n, row_requests, len(ends) == n and not every_row)
+
+
+def sampling_rows(rows: tuple[Chunk, ...], row_requests: list[Request], logits: np.ndarray
+                  ) -> tuple[list[Request], list[int], list[int]]:
+    """After the decode: the requests that sample (not those that ended meanwhile), their batch rows and their
+    rows of `logits`; records the prompt logprobs asked for on the way."""
+    sampled, batch_rows, out_rows, row, out = [], [], [], 0, 0  # out: logits rows used
+    for chunk, request in zip(rows, row_requests, strict=True):
+        row += chunk.n_tokens
+        if wants_prompt_logits(request, chunk.start):
+            record_prompt_logprobs(request, chunk.start, logits[out:out + chunk.n_tokens])
+            out += chunk.n_tokens
+        elif chunk.yields_token:
+            out += 1
+        if chunk.yields_token and not request.is_finished:
+            sampled.append(request)
+            batch_rows.append(row - 1)
+            out_rows.append(out - 1)
+    return sampled, batch_rows, out_rows

@@ -112,20 +112,22 @@ class DeadlineBudget:
             raise ValueError(f"the TPOT SLO and the ITL bound must be > 0 ms, got {self.tpot_slo_s * 1e3:g} "
                              f"and {self.itl_max_s * 1e3:g}")
 
-    def due(self, request: Request, decode_s: float) -> float:
-        """When the request's next token is due (it has sampled at least one), if each later one takes
-        decode_s. A request that stops early (end of generation) ends with less TPOT slack than planned."""
+    def due(self, request: Request, decode_s: float, now: float) -> float:
+        """When the request's next token is due, if each later one takes decode_s. A request that stops early
+        (end of generation) ends with less TPOT slack than planned. With async scheduling a request may
+        decode before its first token is known: that token is taken as sampled now."""
         times, n_max = request.token_times, request.params.max_tokens
-        later = max(n_max - len(times) - 1, 0)
-        last_due = times[0] + (n_max - 1) * self.tpot_slo_s
-        return min(last_due - later * decode_s, times[-1] + self.itl_max_s)
+        first, last = (times[0], times[-1]) if times else (now, now)
+        later = max(n_max - max(len(times), 1) - 1, 0)
+        last_due = first + (n_max - 1) * self.tpot_slo_s
+        return min(last_due - later * decode_s, last + self.itl_max_s)
 
     def tokens(self, decoding: Sequence[Request], prefill_depth: int = 0, now: float = 0.0) -> int:
         if not decoding:
             return self.n_batch
         decodes = TickTerms(0, len(decoding), sum(r.n_context_tokens for r in decoding))
         decode_s = self.costs.predict(decodes)
-        slack = min(self.due(r, decode_s) for r in decoding) - now
+        slack = min(self.due(r, decode_s, now) for r in decoding) - now
         return len(decoding) + prefill_within(slack, self.costs, self.n_batch, self.min_chunk, decodes, prefill_depth)
 
     def observe(self, terms: TickTerms, seconds: float) -> None:

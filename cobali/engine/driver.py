@@ -51,7 +51,9 @@ class Driver:
         running = self.engine.requests  # the engine forgets a request when it finishes
         # Requests that finish in a tick were in its plan; anything else (a request that can never fit the
         # KV, an abort) leaves the counts unequal and costs one scan.
-        ids = [c.request_id for c in record.plan.chunks if c.request_id not in running] if record else []
+        # (With async scheduling a request may ride one more tick's plan after it finished: counted once.)
+        ids = [c.request_id for c in record.plan.chunks
+               if c.request_id not in running and c.request_id in self.live] if record else []
         done += [self.live.pop(i) for i in ids]
         if len(self.live) > len(running):
             done += [self.live.pop(i) for i in [i for i in self.live if i not in running]]

@@ -10,17 +10,17 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from cobali.backends.base import Backend, DecodeError, SamplingParams
-from cobali.engine.batch_fill import fill_batch
+from cobali.engine.batch_fill import Filled, fill_batch, sampling_rows
 from cobali.engine.budget import tick_budget
 from cobali.engine.costfit import CostCoefficients, TickTerms
 from cobali.engine.detok import TextStream
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.kv import SlotPool
-from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, Plan, TickRecord, TrimSlot
+from cobali.engine.kv import SlotPool, run_kv_ops
+from cobali.engine.overlap import Pipeline
+from cobali.engine.plan import KvOp, Plan, TickRecord
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
-from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.queue import WaitQueue
-from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.engine.request import FinishReason, Request, Sampled
 from cobali.engine.sampling import RowSampler, token_logprob
 from cobali.engine.scheduler import Scheduler
 
@@ -52,11 +52,14 @@ class Engine:
         self.on_tick: Callable[[TickRecord], None] | None = None
         self._ids = itertools.count()
         self._texts: dict[int, TextStream] = {}
+        self.n_finished = 0  # requests ended so far
+        self._n_logprobs = 0  # requests taken in and not finished that report sampled tokens' logprobs
         self._callbacks: dict[int, TokenCallback] = {}
         # Other threads hand over work through these; deque append/popleft are atomic.
         self._inbox: deque[Request] = deque()
         self._aborts: deque[int] = deque()
         self._batch = backend.batch_arrays()  # filled in place: decode reads these very arrays
+        self._pipeline = Pipeline(self) if config.async_scheduling else None
 
     # ---- submitting -------------------------------------------------------------------------------
 
@@ -72,14 +75,9 @@ class Engine:
             raise ValueError(f"prompt token ids must be in [0, {n_vocab})")
         return tokens
 
-    def add_request(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        on_token: TokenCallback | None = None,
-        arrival_time: float | None = None,
-        priority: int = 0,
-    ) -> Request:
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    on_token: TokenCallback | None = None, arrival_time: float | None = None, priority: int = 0
+                    ) -> Request:
         """Queue a request; thread-safe. Raises ValueError for a prompt that can never run."""
         params = params or SamplingParams()
         request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority,
@@ -98,19 +96,25 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._inbox or self._aborts or self.scheduler.has_work)
+        in_flight = self._pipeline is not None and self._pipeline.in_flight
+        return bool(self._inbox or self._aborts or self.scheduler.has_work or in_flight)
 
     # ---- the tick ---------------------------------------------------------------------------------
 
     def step(self) -> TickRecord | None:
+        """Run one tick; None when nothing could run. With async scheduling the record is of the tick whose
+        decode finished in this call, while the next one's already runs."""
+        if self._pipeline is not None:
+            return self._pipeline.step()
         start = self.clock()
-        self._take_submissions(start)
+        self.take_submissions(start)
         plan = self.scheduler.schedule(start)
-        self._run_kv_ops(plan.kv_ops)
+        self.run_kv_ops(plan.kv_ops)
         if plan.is_empty:
-            self._fail_unrunnable_head(start)
+            self.fail_unrunnable_head(start)
             return None
-        n = fill_batch(self._batch, plan.rows, self.requests, start)
+        filled = fill_batch(self._batch, plan.rows, self.requests, start)
+        n = filled.n_rows
         n_running, n_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         decode_start = self.clock()
         try:
@@ -122,45 +126,45 @@ class Engine:
             decoded = False
         else:
             decode_end = self.clock()
-            self._sample_plan(plan, logits, decode_end)
+            self.advance(plan, filled)
+            sampled = self.sample(plan, filled, logits)
+            self.place_tokens(sampled)
+            self.accept(sampled, decode_end)
             decoded = True
         record = TickRecord(plan, start, decode_start, decode_end, self.clock(),
                             n_running=n_running, n_waiting=n_waiting)
-        if decoded:  # the whole tick, host work included, is what a client sees between two tokens
-            self.scheduler.budget.observe(TickTerms.of_plan(plan), record.end - record.start)
+        # The whole tick, host work included, is what a client sees between two tokens.
+        self.close_tick(record, record.end - record.start if decoded else None)
+        return record
+
+    def close_tick(self, record: TickRecord, seconds: float | None) -> None:
+        """Learn the tick's cost (seconds: what it cost the clients; None: it failed) and publish its record."""
+        if seconds is not None:
+            self.scheduler.budget.observe(TickTerms.of_plan(record.plan), seconds)
         if self.config.record_ticks:
             self.ticks.append(record)
         if self.on_tick is not None:
             self.on_tick(record)
-        return record
 
-    def _take_submissions(self, now: float) -> None:
+    def take_submissions(self, now: float) -> None:
         while self._inbox:
-            self.scheduler.add(self._inbox.popleft())
+            request = self._inbox.popleft()
+            self._n_logprobs += request.params.logprobs is not None  # counted here: one thread writes it
+            self.scheduler.add(request)
         while self._aborts:
             request = self.requests.get(self._aborts.popleft())
             if request is not None and not request.is_finished:
-                self._finish(request, FinishReason.ABORT, now)
+                self.finish(request, FinishReason.ABORT, now)
 
-    def _fail_unrunnable_head(self, now: float) -> None:
+    def fail_unrunnable_head(self, now: float) -> None:
         """Nothing runs and nothing was admitted: the queue head cannot fit even in an empty KV, and
         waiting would hang forever."""
         if self.scheduler.waiting and not self.scheduler.running:
             head = self.scheduler.waiting[0]
-            self._finish(head, FinishReason.ERROR, now, "the request does not fit in the KV cache")
+            self.finish(head, FinishReason.ERROR, now, "the request does not fit in the KV cache")
 
-    def _run_kv_ops(self, ops: tuple[KvOp, ...]) -> None:
-        for op in ops:
-            match op:
-                case ClearSlot(slot):
-                    self.backend.remove_seq(slot)
-                case TrimSlot(slot, keep):
-                    self.backend.remove_seq(slot, keep, -1)
-                case CopyPrefix(source, slot, n_tokens):
-                    # The whole sequence, then its tail dropped: llama.cpp copies between per-sequence
-                    # streams only whole.
-                    self.backend.copy_seq(source, slot, 0, -1)
-                    self.backend.remove_seq(slot, n_tokens, -1)
+    def run_kv_ops(self, ops: tuple[KvOp, ...]) -> None:
+        run_kv_ops(self.backend, ops)
 
     def _recover(self, plan: Plan, err: DecodeError, now: float) -> None:
         """llama.cpp finding no KV slot preempts the batch's newest request, whatever the admission policy
@@ -171,63 +175,75 @@ class Engine:
             self.scheduler.preempt_newest("llama_decode found no KV slot", among=in_batch)
             return
         for request_id in in_batch:
-            self._finish(self.requests[request_id], FinishReason.ERROR, now, f"decode failed: {err}")
+            self.finish(self.requests[request_id], FinishReason.ERROR, now, f"decode failed: {err}")
 
-    def _sample_plan(self, plan: Plan, logits: np.ndarray, now: float) -> None:
-        requests, sampled, rows, out_rows, row, out = self.requests, [], [], [], 0, 0  # out: logits rows used
-        for chunk in plan.rows:
-            request = requests[chunk.request_id]
-            request.computed_tokens += chunk.n_tokens
-            row += chunk.n_tokens
-            if wants_prompt_logits(request, chunk.start):
-                record_prompt_logprobs(request, chunk.start, logits[out:out + chunk.n_tokens])
-                out += chunk.n_tokens
-            elif chunk.yields_token:
-                out += 1
-            if chunk.yields_token:
-                sampled.append(request)
-                rows.append(row - 1)
-                out_rows.append(out - 1)
+    def advance(self, plan: Plan, filled: Filled, pending: bool = False) -> None:
+        """Count the plan's rows into its requests' KV; pending (async scheduling, at launch): also the tokens
+        its decode will sample, as stand-ins the next plan can already feed."""
+        for chunk, request in zip(plan.rows, filled.requests, strict=True):
+            request.advance(chunk.n_tokens, pending and chunk.yields_token)
+
+    def sample(self, plan: Plan, filled: Filled, logits: np.ndarray, finishes_since: int | None = None) -> Sampled:
+        """Sample every request at its row, and record the logprobs asked for; reads the logits, so it runs
+        before the next decode. finishes_since (async scheduling): self.n_finished when the batch was filled;
+        a request that ended since, while its row was in flight, is skipped."""
+        if filled.every_row_samples and finishes_since in (None, self.n_finished):
+            # The steady decode tick, in one pass: nobody ended, every row is its request's sampling row.
+            sampled, rows = filled.requests, list(range(filled.n_rows))
+            out_rows = rows
+        else:
+            sampled, rows, out_rows = sampling_rows(plan.rows, filled.requests, logits)
         tokens, failures = self.sampler.sample(logits, sampled, rows, out_rows)
-        for request, token, out_row in zip(sampled, tokens, out_rows, strict=True):
-            if token is None:
-                self._finish(request, FinishReason.ERROR, now, f"sampling failed: {failures[request.id]}")
-                continue
-            if request.params.logprobs is not None:
-                request.logprobs.append(token_logprob(logits[out_row], token, request.params.logprobs))
-            self._accept(request, token, now)
+        if self._n_logprobs:
+            for request, token, out_row in zip(sampled, tokens, out_rows, strict=True):
+                if token is not None and request.params.logprobs is not None:
+                    request.logprobs.append(token_logprob(logits[out_row], token, request.params.logprobs))
+        return Sampled(sampled, tokens, failures)
 
-    def _accept(self, request: Request, token: int, now: float) -> None:
-        if request.state is RequestState.PREFILL:
-            request.transition(RequestState.DECODE)
-        request.output_tokens.append(token)
+    def place_tokens(self, sampled: Sampled) -> None:
+        """Put the sampled tokens in their requests' outputs (over the stand-ins `advance` left, if any)."""
+        sampled.counts[:] = [r.place_token(t) for r, t in zip(sampled.requests, sampled.tokens, strict=True)]
+
+    def accept(self, sampled: Sampled, now: float) -> None:
+        """Stream, stop-check and finish what was sampled (place_tokens first)."""
+        for request, token, count in zip(sampled.requests, sampled.tokens, sampled.counts, strict=True):
+            if token is None:
+                self.finish(request, FinishReason.ERROR, now, f"sampling failed: {sampled.failures[request.id]}")
+            else:
+                self._accept(request, token, count, now)
+
+    def _accept(self, request: Request, token: int, count: int, now: float) -> None:
+        """count: the request's outputs up to and including this token (more may stand in line behind it)."""
         request.token_times.append(now)
         is_eog = token in self._eog_ids and not request.params.ignore_eos
         stream = self._texts[request.id]
         delta, hit_stop = "", False
         if stream.live and not is_eog:
             delta, hit_stop = stream.push(self.backend.token_bytes(token))
-        reason = self._finish_reason(request, is_eog or hit_stop)
+        reason = self._finish_reason(request, is_eog or hit_stop, count)
         if reason is None:
             if request.id in self._callbacks:
                 self._emit(request, delta)
         else:
-            self._finish(request, reason, now, delta=delta, flush=not hit_stop)
+            self.finish(request, reason, now, delta=delta, flush=not hit_stop)
 
-    def _finish_reason(self, request: Request, stopped: bool) -> FinishReason | None:
+    def _finish_reason(self, request: Request, stopped: bool, count: int) -> FinishReason | None:
         if stopped:
             return FinishReason.STOP
-        if len(request.output_tokens) >= request.params.max_tokens:
+        if count >= request.params.max_tokens:
             return FinishReason.LENGTH
-        if request.n_context_tokens >= self.slots.accountant.seq_limit:
+        if len(request.prompt_tokens) + count >= self.slots.accountant.seq_limit:
             return FinishReason.LENGTH
         return None
 
-    def _finish(self, request: Request, reason: FinishReason, now: float, error: str | None = None,
+    def finish(self, request: Request, reason: FinishReason, now: float, error: str | None = None,
                 delta: str = "", flush: bool = True) -> None:
         """End a request and free its slot and KV now. Held-back text is final unless a stop string cut it."""
+        request.drop_pending_tokens()
         request.finish(reason, now, error)
         del self.requests[request.id]
+        self.n_finished += 1
+        self._n_logprobs -= request.params.logprobs is not None
         self.scheduler.remove(request, keep_kv=reason in (FinishReason.STOP, FinishReason.LENGTH))
         self.sampler.forget(request.id)
         stream = self._texts.pop(request.id)

@@ -25,6 +25,9 @@ class EngineConfig:
     tpot_slo_ms: float = 0.0  # > 0: the deadline budget (engine/budget.py), bounded by itl_max_ms (0: none)
     itl_max_ms: float = 0.0
     record_ticks: bool = True
+    # Plan and fill tick t+1 while tick t's decode runs (engine/overlap.py). For a backend whose decode leaves
+    # the host's cores idle (a GPU); on a CPU backend the host work would compete with the kernels' threads.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         admission_for_mode(self.mode, self.prefill_chunk_tokens)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cobali.backends.base import BackendInfo
+from cobali.backends.base import Backend, BackendInfo
 from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, TrimSlot
 
 BLOCK_TOKENS = 16
@@ -189,3 +189,17 @@ class SlotPool:
         self._cached.pop(slot, None)
         self.accountant.drop(slot)
         self._ops.append(ClearSlot(slot))
+
+
+def run_kv_ops(backend: Backend, ops: tuple[KvOp, ...]) -> None:
+    """What the plan decided for the slots' KV, done on the backend (before the plan's batch)."""
+    for op in ops:
+        match op:
+            case ClearSlot(slot):
+                backend.remove_seq(slot)
+            case TrimSlot(slot, keep):
+                backend.remove_seq(slot, keep, -1)
+            case CopyPrefix(source, slot, n_tokens):
+                # The whole sequence, then its tail dropped: llama.cpp copies between per-sequence streams only whole.
+                backend.copy_seq(source, slot, 0, -1)
+                backend.remove_seq(slot, n_tokens, -1)

@@ -34,6 +34,11 @@ _TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
 }
 
 
+# Stands in for a token that a decode still in flight is sampling (async scheduling, engine/overlap.py): the
+# request already counts it, so the next tick can be planned before the token is known.
+PENDING_TOKEN = -1
+
+
 class FinishReason(enum.Enum):
     STOP = "stop"
     LENGTH = "length"
@@ -66,6 +71,39 @@ class Request:
         assert new in _TRANSITIONS[self.state], f"request {self.id}: illegal {self.state} -> {new}"
         self.state = new
 
+    def advance(self, n_tokens: int, pending_token: bool) -> None:
+        """n_tokens more are in KV; pending_token: a decode in flight samples this one's next token (counted
+        now as a stand-in, so the next tick can be planned before it is known)."""
+        self.computed_tokens += n_tokens
+        if pending_token:
+            if self.state is RequestState.PREFILL:
+                self.transition(RequestState.DECODE)
+            self.output_tokens.append(PENDING_TOKEN)
+
+    def place_token(self, token: int | None) -> int:
+        """A sampled token (None: its sampler failed) into the outputs, over its stand-in if `advance` left one.
+        Returns the outputs up to and including it."""
+        outputs = self.output_tokens
+        if token is None:
+            pass
+        elif outputs and outputs[-1] == PENDING_TOKEN:
+            outputs[-1] = token
+        else:
+            if self.state is RequestState.PREFILL:
+                self.transition(RequestState.DECODE)
+            outputs.append(token)
+        return len(outputs)
+
+    def drop_pending_tokens(self) -> None:
+        """Forget stand-ins for tokens that will never be taken (the request ends with a decode in flight)."""
+        while self.output_tokens and self.output_tokens[-1] == PENDING_TOKEN:
+            self.output_tokens.pop()
+
+    def has_final_token(self, seq_limit: int) -> bool:
+        """Its last token is sampled or being sampled: no more rows for it (max_tokens or the context is reached)."""
+        n_out = len(self.output_tokens)  # inlined: this runs for every request every tick
+        return n_out >= self.params.max_tokens or len(self.prompt_tokens) + n_out >= seq_limit
+
     @property
     def all_tokens(self) -> list[int]:
         return self.prompt_tokens + self.output_tokens
@@ -95,3 +133,13 @@ class Request:
         self.finish_reason = reason
         self.error = error
         self.finish_time = now
+
+
+@dataclass
+class Sampled:
+    """One decode's samples, a token per request in output order: None where its sampler failed."""
+
+    requests: list[Request]
+    tokens: list[int | None]
+    failures: dict[int, str]  # the failed ones' messages, by request id
+    counts: list[int] = field(default_factory=list)  # each request's outputs up to its token, once placed

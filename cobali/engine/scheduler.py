@@ -82,11 +82,11 @@ class Scheduler:
         log.info("preempted request %d (%s): %d tokens to recompute", victim.id, reason, victim.n_context_tokens)
         return victim
 
-    def _grow_decodes(self) -> list[int]:
+    def _grow_decodes(self, generating: list[Request]) -> list[int]:
         """Give every generating request KV for its next token; preempt newest-first when none is left."""
         preempted: list[int] = []
-        for request in list(self.running):
-            if request.state is not RequestState.DECODE or request.slot is None:
+        for request in generating:
+            if request.slot is None:  # preempted for an earlier one
                 continue
             need = request.n_context_tokens
             if need <= self.accountant.held_tokens(request.slot):
@@ -102,6 +102,11 @@ class Scheduler:
                 self.accountant.hold(request.slot, need)
         return preempted
 
+    def _generates_more(self, request: Request) -> bool:
+        """A generating request that needs another row. With async scheduling a request whose final token a
+        decode in flight is sampling is still running, and must not ride a row it never uses."""
+        return request.state is RequestState.DECODE and not request.has_final_token(self.accountant.seq_limit)
+
     def _backing_off(self) -> bool:
         """While preemptions are frequent, admit only what can run to completion (stops the cascade)."""
         while self._recent_preemptions and self._recent_preemptions[0] < self.tick - BACKOFF_WINDOW_TICKS:
@@ -116,9 +121,10 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> Plan:
         """now: the tick's start on the engine's clock (a deadline budget measures slack from it)."""
         self.tick += 1
-        preempted = self._grow_decodes()
+        generating = [r for r in self.running if self._generates_more(r)]
+        preempted = self._grow_decodes(generating)
         fit_policy = ReserveKv() if self._backing_off() else self.kv
-        decoding = [r for r in self.running if r.state is RequestState.DECODE]
+        decoding = [r for r in generating if r.slot is not None]
         depth = max((r.computed_tokens for r in self.running if r.state is RequestState.PREFILL), default=0)
         budget = self.budget.tokens(decoding, depth, now)
         tick = TickBuilder(self._queues, self.tick, budget, decoding, may_admit=not preempted, fit_policy=fit_policy)
@@ -126,6 +132,7 @@ class Scheduler:
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
         # free only because this tick's token budget or KV ran out are not waste.
         wasted = max(0, min(self.slots.n_free, len(self.waiting)) - tick.allowance)
-        assert tick.chunks or not self.running, "running requests but an empty plan: the engine would spin"
+        awaiting_last = all(r.state is RequestState.DECODE and not self._generates_more(r) for r in self.running)
+        assert tick.chunks or awaiting_last, "running requests but an empty plan: the engine would spin"
         return Plan(self.tick, tuple(tick.chunks), tuple(tick.admitted), wasted, tuple(preempted),
                     kv_ops=self.slots.take_kv_ops())

@@ -122,7 +122,7 @@ def build(options: dict[str, str]) -> Application:
     parser = argparse.ArgumentParser(prog="cobali.ray.serve:build")
     add_serve_args(parser)
     args = parser.parse_args(argv)
-    return build_application(engine_spec(args), server_config(args))
+    return build_application(engine_spec(args, record_ticks=False), server_config(args))  # as `cobali serve`
 
 
 def serve_replicas(spec: EngineSpec, settings: ServerConfig) -> int:

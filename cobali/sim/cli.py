@@ -57,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def sim_spec(args: argparse.Namespace) -> SimSpec:
+    if args.async_scheduling:
+        raise ValueError("--async-scheduling: the simulator's virtual clock runs one tick at a time; "
+                         "simulate without it")
     llama = backend_config(args)  # the simulated KV is sized as llama.cpp's would be
     n_ctx = llama.total_cells()
     n_ctx_seq = n_ctx if llama.kv_unified else n_ctx // llama.n_seq_max

@@ -58,6 +58,12 @@ def test_cont_matches_seq_up_to_near_ties(backend, seq_traces, chunk: int) -> No
     assert report.passed and report.mostly_common, report.describe()
 
 
+def test_async_scheduling_matches_seq_up_to_near_ties(backend, seq_traces) -> None:
+    """llama_decode on its own thread while the next batch is planned: outputs as without overlap."""
+    report = compare_runs(seq_traces, traces(backend, "cont", prefill_chunk_tokens=8, async_scheduling=True))
+    assert report.passed and report.mostly_common, report.describe()
+
+
 def test_sampling_chain_with_seed_is_reproducible(backend) -> None:
     params = SamplingParams(max_tokens=12, temperature=0.9, top_k=40, top_p=0.95, min_p=0.05,
                             repetition_penalty=1.1, seed=3, ignore_eos=True)

@@ -64,7 +64,16 @@ def test_config_names_map_to_modes_and_chunks() -> None:
         ("cont-split128", "cont", 8, 128)]
 
 
+def test_an_async_suffix_turns_on_async_scheduling_for_that_config_only() -> None:
+    plain, overlapped = parse_configs("cont-split128,cont-split128-async", max_slots=8, prefill_chunk_tokens=512)
+    assert (overlapped.mode, overlapped.prefill_chunk_tokens) == ("cont", 128)
+    assert not plain.engine_config(EngineConfig()).async_scheduling
+    assert overlapped.engine_config(EngineConfig()).async_scheduling
+    assert plain.engine_config(EngineConfig(async_scheduling=True)).async_scheduling, "the flag still counts"
+
+
 @pytest.mark.parametrize("text, named", [("seq,bogus", "'bogus'"), ("cont-split0", "'cont-split0'"),
+                                         ("cont-async-async", "'cont-async-async'"),
                                          ("seq,seq", "seq given twice")])
 def test_bad_config_names_are_named_in_the_error(text: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
@@ -182,7 +191,7 @@ def test_table_has_a_row_per_config_and_speedup_one_for_the_first(bench_run: tup
     assert all(r["requests"] == len(PROMPTS) and r["failed"] == 0 for r in runs)
     assert all(r["generated_tokens"] == 6 * len(PROMPTS) for r in runs)
     assert runs[2]["engine"] == {"name": "cont-split8", "mode": "cont", "max_slots": 4,
-                                 "prefill_chunk_tokens": 8, "knobs": {}}
+                                 "prefill_chunk_tokens": 8, "knobs": {}, "async_scheduling": None}
     assert runs[0]["wasted_decode_slots"] > 0 and runs[3]["wasted_decode_slots"] == 0
     assert set(runs[0]["gap_ms"]) == {"count", "mean", "p50", "p75", "p90", "p95", "max"}
     assert runs[0]["gap_ms"]["count"] == runs[0]["ticks"] - 1

@@ -45,8 +45,9 @@ def deadline(tpot_ms: float = 100, itl_max_ms: float = float("inf"), costs: Onli
 def test_the_next_token_is_due_by_the_slo_or_the_itl_bound() -> None:
     request = decoding_request(100, (1.0, 1.01, 1.02), max_tokens=5)
     # The 5th token is due at 1.0 + 4 x 0.1; the 4th, 20 ms (one decode tick) before it.
-    assert deadline(100).due(request, decode_s=0.020) == pytest.approx(1.38)
-    assert deadline(100, itl_max_ms=200).due(request, decode_s=0.020) == pytest.approx(1.22)  # 1.02 + 0.2 first
+    assert deadline(100).due(request, decode_s=0.020, now=1.1) == pytest.approx(1.38)
+    # 1.02 + 0.2 first:
+    assert deadline(100, itl_max_ms=200).due(request, decode_s=0.020, now=1.1) == pytest.approx(1.22)
 
 
 def test_a_fresh_request_lends_the_slack_its_later_tokens_leave() -> None:
