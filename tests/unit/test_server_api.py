@@ -31,9 +31,10 @@ def wait_healthy(client: TestClient) -> None:
         time.sleep(0.01)
 
 
-@pytest.fixture
-def api() -> Iterator[TestClient]:
-    with TestClient(create_app(fake_engine(), "fake-model")) as client:
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def api(request: pytest.FixtureRequest) -> Iterator[TestClient]:
+    """Every API test runs on both tick loops: with async scheduling the engine thread drives a second one."""
+    with TestClient(create_app(fake_engine(async_scheduling=request.param), "fake-model")) as client:
         wait_healthy(client)
         yield client
 

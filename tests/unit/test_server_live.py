@@ -20,6 +20,9 @@ from cobali.engine.engine_config import EngineConfig
 from cobali.server.app import create_app
 from cobali.server.serve import DrainingServer
 
+# Every test on both tick loops: synchronous, and with async scheduling (a decode thread beside the engine's).
+pytestmark = pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+
 LONG = {"prompt": "go", "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
 
@@ -30,11 +33,11 @@ class SlowBackend(FakeBackend):
 
 
 @contextmanager
-def live_server(max_slots: int = 2, max_queue: int | None = None,
+def live_server(overlap: bool, max_slots: int = 2, max_queue: int | None = None,
                 grace_s: float = 10) -> Iterator[tuple[httpx.Client, uvicorn.Server]]:
     def build() -> Engine:
         return Engine(SlowBackend(n_seq_max=max_slots, n_ctx_seq=4096, n_batch=64),
-                      EngineConfig(max_slots=max_slots, n_batch=64))
+                      EngineConfig(max_slots=max_slots, n_batch=64, async_scheduling=overlap))
 
     app = create_app(build, "slow", max_queue=max_queue)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=10)
@@ -85,8 +88,8 @@ def metric(client: httpx.Client, sample: str) -> float:
     return 0.0
 
 
-def test_beyond_the_queue_limit_is_429() -> None:
-    with live_server(max_slots=1, max_queue=0) as (client, _), stream(client, LONG) as hog:
+def test_beyond_the_queue_limit_is_429(overlap: bool) -> None:
+    with live_server(overlap, max_slots=1, max_queue=0) as (client, _), stream(client, LONG) as hog:
         first_event(hog)  # it holds the only slot now
         response = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert response.status_code == 429
@@ -94,8 +97,8 @@ def test_beyond_the_queue_limit_is_429() -> None:
         assert client.post("/v1/completions", json={**LONG, "max_tokens": 1}).status_code == 429
 
 
-def test_a_waiting_request_is_admitted_when_a_slot_frees() -> None:
-    with live_server(max_slots=1, max_queue=1) as (client, _):
+def test_a_waiting_request_is_admitted_when_a_slot_frees(overlap: bool) -> None:
+    with live_server(overlap, max_slots=1, max_queue=1) as (client, _):
         with stream(client, {**LONG, "max_tokens": 40}) as hog:
             first_event(hog)
             waiter = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "ignore_eos": True})
@@ -103,8 +106,8 @@ def test_a_waiting_request_is_admitted_when_a_slot_frees() -> None:
         assert waiter.json()["usage"]["completion_tokens"] == 2
 
 
-def test_client_disconnect_frees_the_slot() -> None:
-    with live_server() as (client, _):
+def test_client_disconnect_frees_the_slot(overlap: bool) -> None:
+    with live_server(overlap) as (client, _):
         with stream(client, LONG) as response:
             first_event(response)
             assert busy_slots(client) == 1
@@ -112,8 +115,8 @@ def test_client_disconnect_frees_the_slot() -> None:
         wait_for(lambda: metric(client, 'cobali:request_success_total{finished_reason="abort"}') == 1)
 
 
-def test_disconnect_while_queued_drops_the_request() -> None:
-    with live_server(max_slots=1) as (client, _), stream(client, LONG) as hog:
+def test_disconnect_while_queued_drops_the_request(overlap: bool) -> None:
+    with live_server(overlap, max_slots=1) as (client, _), stream(client, LONG) as hog:
         first_event(hog)
         with pytest.raises(httpx.ReadTimeout):  # waits behind the hog, then gives up
             client.post("/v1/completions", json={"prompt": "q", "max_tokens": 5}, timeout=0.3)
@@ -122,8 +125,8 @@ def test_disconnect_while_queued_drops_the_request() -> None:
         assert busy_slots(client) == 1
 
 
-def test_shutdown_signal_lets_in_flight_requests_finish() -> None:
-    with live_server() as (client, server), stream(client, {**LONG, "max_tokens": 100}) as lines:
+def test_shutdown_signal_lets_in_flight_requests_finish(overlap: bool) -> None:
+    with live_server(overlap) as (client, server), stream(client, {**LONG, "max_tokens": 100}) as lines:
         first_event(lines)
         server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
         assert client.get("/health").status_code == 503  # out of rotation at once
@@ -132,8 +135,8 @@ def test_shutdown_signal_lets_in_flight_requests_finish() -> None:
         assert json.loads(rest[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "length"
 
 
-def test_requests_still_running_after_the_grace_period_get_an_error() -> None:
-    with live_server(grace_s=0.2) as (client, server), stream(client, LONG) as lines:
+def test_requests_still_running_after_the_grace_period_get_an_error(overlap: bool) -> None:
+    with live_server(overlap, grace_s=0.2) as (client, server), stream(client, LONG) as lines:
         first_event(lines)
         server.handle_exit(signal.SIGTERM, None)
         last = json.loads([line for line in lines if line][-1].removeprefix("data: "))
