@@ -3,9 +3,11 @@
 summary.json, summary.md and kit.png there.
 
 1. a dummy-weight model of the paper's shape (`cobali synth-model`);
-2. the paper's Table 2: seq / static / cont-split512/256/128 on prompts_186 with 16 slots (ignore_eos);
+2. the paper's Table 2: seq / static / cont-split512/256/128 on prompts_186 with 16 slots (ignore_eos), and
+   cont-split512 with async scheduling;
 3. llama-batched-bench's decode ceiling at B = 1, 16, 64;
-4. cobali serve vs llama-server -np 16 through `cobali bench serve` on mixed_length;
+4. cobali serve (with and without --async-scheduling) vs llama-server -np 16 through `cobali bench serve` on
+   mixed_length;
 5. host overhead per tick (time outside llama_decode) and its share of the tick.
 """
 
@@ -25,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 from soak import started_process  # noqa: E402  (a sibling script: one way to start a server and await it)
 
-TABLE2 = "seq,static,cont-split512,cont-split256,cont-split128"
+# The paper's configs, then cont-split512 again with async scheduling (the next batch planned during the decode).
+TABLE2 = "seq,static,cont-split512,cont-split256,cont-split128,cont-split512-async"
 PAPER = "paper (RTX 4070, Qwen2.5-0.5B Q5_K_M): continuous batching with split prefill 6.24x over sequential"
 RATIO_KEYS = ("wall_s", "output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
 
@@ -101,8 +104,8 @@ def serve_bench(args: argparse.Namespace, url: str, name: str, out: Path, log: P
 
 def peers(args: argparse.Namespace, model: Path, out: Path, log: Path) -> dict:
     """cobali serve and llama-server -np N, each alone on the device, driven by the same client."""
-    servers = {"cobali": [*cobali("serve", *engine_flags(args, model), "--n-gpu-layers", str(args.n_gpu_layers)),
-                          "--port"]}
+    serve = [*cobali("serve", *engine_flags(args, model), "--n-gpu-layers", str(args.n_gpu_layers))]
+    servers = {"cobali": [*serve, "--port"], "cobali-async": [*serve, "--async-scheduling", "--port"]}
     tool = Path(args.bin or ".") / "llama-server"
     if args.bin and tool.exists():
         servers["llama-server"] = [str(tool), "-m", str(model), "-np", str(args.slots), "-c", str(args.slots * 2048),
@@ -150,7 +153,7 @@ def markdown(summary: dict) -> str:
     if peers:
         lines += ["", f"## Serving: {summary['serve_workload']} through `cobali bench serve`", "",
                   "| server | " + " | ".join(RATIO_KEYS) + " |", "|---" + "|---:" * len(RATIO_KEYS) + "|"]
-        for name in ("cobali", "llama-server", "ratio"):
+        for name in ("cobali", "cobali-async", "llama-server", "ratio"):
             if name in peers:
                 cells = [f"{peers[name][k]:.2f}" if peers[name].get(k) is not None else "-" for k in RATIO_KEYS]
                 lines.append(f"| {name} | " + " | ".join(cells) + " |")
