@@ -27,6 +27,10 @@ class LlamaCppConfig:
     # Extra CPU buffer types (AMX, weight repacking) are off: the AMX matmul segfaults on this machine's
     # CPUs (seen with llama-cpp-python 0.3.36), and with them off prefill still reaches ~300 tok/s.
     use_extra_bufts: bool = False
+    # Greedy rows that need only their token get it from an argmax node in llama.cpp's graph (its experimental
+    # backend sampling): no logits copied out for them, no host pass over them. Off by default: experimental
+    # upstream, and its output buffers add 3 x n_vocab x n_batch floats (~300 MB for SmolLM2 at n_batch 512).
+    backend_sampling: bool = False
     verbose: bool = False
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cobali.backends.base import BatchArrays
+from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, BatchArrays
 from cobali.engine.plan import Chunk
 from cobali.engine.prompt_logprobs import wants_prompt_logits
 from cobali.engine.request import Request, RequestState
@@ -17,7 +17,8 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
     tokens: list[int] = []
     positions: list[int] = []
     seq_ids: list[int] = []
-    ends: list[int] = []  # the row after each sampling row
+    ends: list[int] = []  # the row after each sampling row whose logits the host reads
+    argmax_ends: list[int] = []  # ... and after each that needs only its greedy token
     every_row: list[range] = []  # chunks whose every row wants logits (prompt logprobs)
     for chunk in rows:
         request = requests[chunk.request_id]
@@ -34,13 +35,14 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
             positions += range(chunk.start, chunk.end)
             seq_ids += [chunk.slot] * chunk.n_tokens
         if chunk.yields_token:
-            ends.append(len(tokens))
+            (argmax_ends if request.params.needs_only_argmax else ends).append(len(tokens))
     b, n = arrays, len(tokens)
     b.tokens[:n] = tokens
     b.positions[:n] = positions
     b.seq_ids[:n] = seq_ids
     b.want_logits[:n] = 0
-    b.want_logits[np.array(ends, dtype=np.intp) - 1] = 1
-    for span in every_row:
-        b.want_logits[span.start:span.stop] = 1
+    b.want_logits[np.array(ends, dtype=np.intp) - 1] = WANT_LOGITS
+    b.want_logits[np.array(argmax_ends, dtype=np.intp) - 1] = WANT_ARGMAX
+    for span in every_row:  # prompt logprobs read these rows' logits, the chunk's sampling row included
+        b.want_logits[span.start:span.stop] = WANT_LOGITS
     return n
