@@ -29,7 +29,8 @@ class LlamaCppConfig:
     use_extra_bufts: bool = False
     # Greedy rows that need only their token get it from an argmax node in llama.cpp's graph (its experimental
     # backend sampling): no logits copied out for them, no host pass over them. Off by default: experimental
-    # upstream, and its output buffers add 3 x n_vocab x n_batch floats (~300 MB for SmolLM2 at n_batch 512).
+    # upstream, and llama.cpp's output buffer then holds 3 more n_vocab-wide rows beside each logits row, sized
+    # by the most outputs one decode had so far (~38 MB more for SmolLM2 at 64 decode rows).
     backend_sampling: bool = False
     verbose: bool = False
 
