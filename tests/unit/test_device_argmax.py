@@ -155,3 +155,12 @@ def test_a_refused_chain_leaves_every_row_on_the_host(llama) -> None:
     assert not greedy.supported and llama.attached == {} and llama.freed == [1]
     logits = np.eye(2, 5, k=2, dtype=np.float32)
     assert greedy.tokens(logits).tolist() == [2, 3]
+
+
+@pytest.mark.parametrize(("flags", "expected"), [([], False), (["--backend-sampling"], True)])
+def test_the_flag_reaches_the_llama_cpp_config(flags: list[str], expected: bool) -> None:
+    from cobali.cli import build_parser
+    from cobali.options import backend_config
+
+    args = build_parser().parse_args(["serve", *flags])
+    assert backend_config(args).backend_sampling is expected
