@@ -44,7 +44,7 @@ def test_picked_tokens_are_the_argmax_of_the_same_logits(backend) -> None:
         best = backend.argmax(logits)
         host = logits.argmax(axis=1)
         np.testing.assert_array_equal(best, host, err_msg=f"step {step}")
-        picked_any |= len(backend.device_greedy._rows) == 2
+        picked_any |= len(backend.device_greedy.picked_out_rows) == 2
         next_tokens = best
     assert picked_any, "no token was picked in the graph"
 
@@ -52,27 +52,31 @@ def test_picked_tokens_are_the_argmax_of_the_same_logits(backend) -> None:
 def test_engine_mixes_picked_and_host_rows(backend) -> None:
     """Through the engine: greedy requests picked in the graph beside a logprobs request on the host, every
     decode checked as above, and the logprobs request's answers still read its own logits."""
-    checked = []
-    inner_argmax = backend.argmax
+    checked, batch_rows = [], []
+    inner_argmax, inner_decode = backend.argmax, backend.decode
+
+    def recording_decode(tokens, positions, seq_ids, want_logits):
+        batch_rows.append(len(tokens))
+        return inner_decode(tokens, positions, seq_ids, want_logits)
 
     def checking_argmax(logits: np.ndarray) -> np.ndarray:
         best = inner_argmax(logits)
-        picked = backend.device_greedy._out_rows
+        picked = backend.device_greedy.picked_out_rows
         # Checked when a host row shared the one micro-batch of a decode-only batch: all logits were copied
         # (prefill chunks of different lengths split into micro-batches, whose logits may be missing).
-        if len(picked) < len(logits) == backend._batch.struct.n_tokens:
+        if len(picked) < len(logits) == batch_rows[-1]:
             np.testing.assert_array_equal(best[picked], logits[picked].argmax(axis=1))
             checked.append(len(picked))
         return best
 
-    backend.argmax = checking_argmax
+    backend.argmax, backend.decode = checking_argmax, recording_decode
     try:
         engine = Engine(backend, EngineConfig(max_slots=4, n_batch=256))
         greedy = [engine.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in PROMPTS[:3]]
         with_logprobs = engine.add_request(PROMPTS[3], SamplingParams(max_tokens=8, ignore_eos=True, logprobs=1))
         engine.run_until_done()
     finally:
-        del backend.argmax
+        del backend.argmax, backend.decode
     assert all(len(r.output_tokens) == 8 and r.error is None for r in [*greedy, with_logprobs])
     assert sum(checked) >= 3 * 6, f"too few picked rows checked against the host: {checked}"
     for token, logprob in zip(with_logprobs.output_tokens, with_logprobs.logprobs, strict=True):

@@ -55,6 +55,11 @@ class DeviceGreedy:
         self._rows = outputs[picked].tolist()
         self._out_rows, self._host_rows = np.flatnonzero(picked), np.flatnonzero(~picked)
 
+    @property
+    def picked_out_rows(self) -> np.ndarray:
+        """The last decode's output (logits) rows whose token llama.cpp picked."""
+        return self._out_rows
+
     def tokens(self, logits: np.ndarray) -> np.ndarray:
         """Every output row's greedy token: llama.cpp's pick where it made one, else the host's argmax."""
         if not self._rows:
