@@ -1,9 +1,12 @@
 """Decode-only throughput of the engine at N slots, next to llama-batched-bench's S_TG at B=N.
 
     .venv/bin/python bench/decode_throughput.py --max-slots 16 [--batched-bench PATH]
+    .venv/bin/python bench/decode_throughput.py --max-slots 64 --threads 1 --repeat 3 --both-sampling-paths
 
 Every slot gets a prompt of --prompt-tokens, then all decode --gen-tokens tokens together (ignore_eos).
-Only ticks that are pure decode count, host time included: that is what S_TG measures.
+Only ticks that are pure decode count, host time included: that is what S_TG measures. --both-sampling-paths
+runs each repeat twice back to back: greedy tokens by the host's argmax, then picked in llama.cpp's graph
+(--backend-sampling); argmax ms is the host's share of it (Backend.argmax).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
+import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -21,21 +26,52 @@ from cobali.engine.engine_config import EngineConfig
 from cobali.options import add_backend_args, backend_config, positive_int
 
 
-def engine_decode(args: argparse.Namespace) -> dict:
-    backend = build_backend(backend_config(args))
+def engine_decode(args: argparse.Namespace, backend_sampling: bool | None = None) -> dict:
+    config = backend_config(args)
+    if backend_sampling is not None:
+        config = replace(config, backend_sampling=backend_sampling)
+    backend = build_backend(config)
     engine = Engine(backend, EngineConfig(mode="static", max_slots=args.max_slots, n_batch=args.n_batch))
+    argmax_s = timed_per_tick(engine, "argmax")
     prompts = [[1000 + (i * 31 + j) % 20000 for j in range(args.prompt_tokens)] for i in range(args.max_slots)]
     engine.generate(prompts, SamplingParams(max_tokens=args.gen_tokens + 1, ignore_eos=True))
-    decode = [t for t in engine.ticks if t.plan.n_decode == args.max_slots and t.plan.n_prefill_tokens == 0]
-    wall = np.array([t.end - t.start for t in decode])
-    host = np.array([t.host_s for t in decode])
+    backend.close()
+    decode = [i for i, t in enumerate(engine.ticks)
+              if t.plan.n_decode == args.max_slots and t.plan.n_prefill_tokens == 0]
+    ticks = [engine.ticks[i] for i in decode]
+    wall = np.array([t.end - t.start for t in ticks])
+    host = np.array([t.host_s for t in ticks])
     return {
-        "ticks": len(decode),
-        "tok_s": args.max_slots * len(decode) / wall.sum(),
+        "ticks": len(ticks),
+        "tok_s": args.max_slots * len(ticks) / wall.sum(),
         "tick_ms": 1e3 * wall.mean(),
+        "decode_ms": 1e3 * np.mean([t.decode_s for t in ticks]),
         "host_ms": 1e3 * host.mean(),
+        "argmax_ms": 1e3 * np.mean([argmax_s.get(i, 0.0) for i in decode]),
         "host_share": host.sum() / wall.sum(),
     }
+
+
+def timed_per_tick(engine: Engine, method: str) -> dict[int, float]:
+    """Seconds spent in the engine's backend.`method`, by index of the tick (in engine.ticks) that called it."""
+    backend, seconds = engine.backend, {}
+    inner = getattr(backend, method)
+
+    def timing(*args):
+        start = time.perf_counter()
+        result = inner(*args)
+        tick = len(engine.ticks)  # the tick calling is recorded when it ends
+        seconds[tick] = seconds.get(tick, 0.0) + time.perf_counter() - start
+        return result
+
+    setattr(backend, method, timing)
+    return seconds
+
+
+def report(label: str, row: dict, n_slots: int) -> None:
+    print(f"{label}: {row['tok_s']:.1f} tok/s at {n_slots} slots over {row['ticks']} ticks; tick "
+          f"{row['tick_ms']:.2f} ms (decode {row['decode_ms']:.2f}), host {row['host_ms']:.3f} ms/tick "
+          f"({row['host_share']:.2%}), of it argmax {row['argmax_ms']:.3f} ms")
 
 
 def batched_bench(args: argparse.Namespace, model: str) -> float:
@@ -58,6 +94,8 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=positive_int, default=128)
     parser.add_argument("--batched-bench", default=None, help="path of llama-batched-bench to compare with")
     parser.add_argument("--repeat", type=positive_int, default=1)
+    parser.add_argument("--both-sampling-paths", action="store_true",
+                        help="each repeat: host argmax, then greedy tokens picked in llama.cpp's graph")
     args = parser.parse_args()
     if not args.ctx:
         args.ctx = args.max_slots * (args.prompt_tokens + args.gen_tokens + 8)
@@ -66,9 +104,12 @@ def main() -> None:
     model = args.model or embedded_model_path()
     args.model = model
     for _ in range(args.repeat):
+        if args.both_sampling_paths:
+            report("host argmax  ", engine_decode(args, backend_sampling=False), args.max_slots)
+            report("graph argmax ", engine_decode(args, backend_sampling=True), args.max_slots)
+            continue
         ours = engine_decode(args)
-        print(f"cobali decode: {ours['tok_s']:.1f} tok/s at {args.max_slots} slots over {ours['ticks']} ticks; "
-              f"tick {ours['tick_ms']:.2f} ms, host {ours['host_ms']:.3f} ms/tick ({ours['host_share']:.2%})")
+        report("cobali decode", ours, args.max_slots)
         if args.batched_bench:
             s_tg = batched_bench(args, model)
             print(f"llama-batched-bench S_TG at B={args.max_slots}: {s_tg:.1f} tok/s; "

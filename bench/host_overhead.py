@@ -53,7 +53,9 @@ class NullBackend:
         return self.logits[: int(np.count_nonzero(want_logits))]
 
     def argmax(self, logits: np.ndarray) -> np.ndarray:
-        if self.device_argmax:  # as a GPU backend would: the reduction ran beside the decode, not on the host
+        # As a GPU backend would (the llama.cpp one with --backend-sampling): the reduction ran in the decode.
+        # Every row here is a WANT_ARGMAX row (greedy, no logprobs), so every row is picked.
+        if self.device_argmax:
             return self.best[: len(logits)]
         return logits.argmax(axis=1)
 

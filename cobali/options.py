@@ -45,6 +45,9 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
                         help="one KV buffer shared by all sequences instead of per-sequence streams")
     parser.add_argument("--n-gpu-layers", type=int, default=-1,
                         help="layers to offload in a GPU build (-1 = all when offload is available)")
+    parser.add_argument("--backend-sampling", action="store_true",
+                        help="pick greedy tokens inside llama.cpp's graph (its experimental backend sampling) "
+                             "for requests that ask no logprobs: their logits never reach the host")
 
 
 def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0) -> None:
@@ -85,7 +88,7 @@ def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> Ll
     """llama.cpp's settings from the flags; n_seq_max: sequences to size it for (default --max-slots)."""
     return LlamaCppConfig(model_path=args.model, n_ctx=args.ctx, n_seq_max=n_seq_max or args.max_slots,
                           n_batch=args.n_batch, n_threads=args.threads, kv_unified=args.kv_unified,
-                          n_gpu_layers=args.n_gpu_layers)
+                          n_gpu_layers=args.n_gpu_layers, backend_sampling=args.backend_sampling)
 
 
 def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:

@@ -11,6 +11,11 @@ import numpy as np
 
 MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default max_logprobs
 
+# A batch row's want_logits: 0 for no output, else what the host reads of the row's output.
+WANT_LOGITS = 1  # the logits (a sampler chain, logprobs, prompt logprobs)
+# Only the greedy token, through Backend.argmax: a backend may pick it on its device and hand over no logits.
+WANT_ARGMAX = 2
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -61,6 +66,12 @@ class SamplingParams:
             and self.grammar is None
             and not self.logit_bias
         )
+
+    @cached_property
+    def needs_only_argmax(self) -> bool:
+        """A generated token's logits are read for nothing but their argmax (no logprobs to report), so the
+        backend may pick it without handing the logits over. Prompt logprobs read only prefill rows."""
+        return self.is_greedy and self.logprobs is None
 
 
 def _check(ok: bool, message: str) -> None:
@@ -119,7 +130,7 @@ class BatchArrays:
     tokens: np.ndarray  # int32
     positions: np.ndarray  # int32
     seq_ids: np.ndarray  # int32
-    want_logits: np.ndarray  # int8
+    want_logits: np.ndarray  # int8: 0, WANT_LOGITS or WANT_ARGMAX
 
     @classmethod
     def zeros(cls, capacity: int) -> BatchArrays:
@@ -143,13 +154,15 @@ class Backend(Protocol):
         self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want_logits: np.ndarray
     ) -> np.ndarray:
         """Run one forward pass over the rows and return the logits of rows with want_logits set,
-        in row order, shape (n_outputs, n_vocab). The array is only valid until the next decode.
-        Raises DecodeError."""
+        in row order, shape (n_outputs, n_vocab). The array is only valid until the next decode, and the rows
+        of WANT_ARGMAX rows may hold anything (a backend that picked their tokens on its device need not
+        copy their logits). Raises DecodeError."""
         ...
 
     def argmax(self, logits: np.ndarray) -> np.ndarray:
         """The most likely token of every row of `logits`, the last decode's output. At hundreds of rows the
-        logits are tens of MB: a GPU backend answers from the device, which no host pass over them can match."""
+        logits are tens of MB: a GPU backend answers from the device, which no host pass over them can match,
+        at least for WANT_ARGMAX rows, whose logits rows it may never have filled."""
         ...
 
     def batch_arrays(self) -> BatchArrays:

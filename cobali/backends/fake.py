@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cobali.backends.base import (
+    WANT_ARGMAX,
     BackendInfo,
     BatchArrays,
     DecodeError,
@@ -43,6 +44,9 @@ class FakeBackend:
     fail_on_calls: set[int] = field(default_factory=set)  # decode call indices that raise
     fail_code: int = -3  # what they raise: 1 is llama.cpp's "no KV slot", negatives are fatal errors
     prefill_tile: int = 1
+    # Pick WANT_ARGMAX rows' tokens "on the device", as llama.cpp's backend sampling does: their logits rows
+    # come back as NaN, so a host that reads them (or samples them with a chain) goes wrong visibly.
+    device_argmax: bool = False
     batches: list[Batch] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -54,9 +58,14 @@ class FakeBackend:
         self.kv: dict[int, list[int]] = {s: [] for s in range(self.n_seq_max)}
         self.last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)
         self._arrays = BatchArrays.zeros(self.n_batch)
+        self._picked: dict[int, int] = {}  # the last decode's output rows picked on the "device": their tokens
+        self.n_picked = 0  # tokens picked on the "device" so far
 
     def argmax(self, logits: np.ndarray) -> np.ndarray:
-        return logits.argmax(axis=1)
+        best = logits.argmax(axis=1)
+        for out_row, token in self._picked.items():
+            best[out_row] = token
+        return best
 
     def batch_arrays(self) -> BatchArrays:
         return self._arrays
@@ -70,16 +79,20 @@ class FakeBackend:
             what = "no KV slot for the batch" if self.fail_code == 1 else "injected failure"
             raise DecodeError(f"{what} (decode call {call})", code=self.fail_code)
         staged = {s: list(kv) for s, kv in self.kv.items()}
-        rows = []
+        rows, picked = [], {}
         for tok, pos, seq, want in zip(tokens, positions, seq_ids, want_logits, strict=True):
             kv = staged[int(seq)]
             assert pos == len(kv), f"seq {seq}: row at pos {pos}, but KV holds {len(kv)} tokens"
             kv.append(int(tok))
             if want:
                 rows.append(self._logits_after(kv))
+            if want == WANT_ARGMAX and self.device_argmax:
+                picked[len(rows) - 1] = int(rows[-1].argmax())
+                rows[-1] = np.full(self.n_vocab, np.nan, dtype=np.float32)
         if not self._fits(staged):
             raise DecodeError("no KV slot for the batch", code=1)
-        self.kv = staged
+        self.kv, self._picked = staged, picked
+        self.n_picked += len(picked)
         self.last_logits = np.array(rows, dtype=np.float32).reshape(len(rows), self.n_vocab)
         return self.last_logits
 

@@ -27,6 +27,11 @@ class LlamaCppConfig:
     # Extra CPU buffer types (AMX, weight repacking) are off: the AMX matmul segfaults on this machine's
     # CPUs (seen with llama-cpp-python 0.3.36), and with them off prefill still reaches ~300 tok/s.
     use_extra_bufts: bool = False
+    # Greedy rows that need only their token get it from an argmax node in llama.cpp's graph (its experimental
+    # backend sampling): no logits copied out for them, no host pass over them. Off by default: experimental
+    # upstream, and llama.cpp's output buffer then holds 3 more n_vocab-wide rows beside each logits row, sized
+    # by the most outputs one decode had so far (~38 MB more for SmolLM2 at 64 decode rows).
+    backend_sampling: bool = False
     verbose: bool = False
 
     def __post_init__(self) -> None:

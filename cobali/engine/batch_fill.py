@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cobali.backends.base import BatchArrays
+from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, BatchArrays
 from cobali.engine.plan import Chunk
 from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.request import Request, RequestState
@@ -25,7 +25,8 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
     tokens: list[int] = []
     positions: list[int] = []
     seq_ids: list[int] = []
-    ends: list[int] = []  # the row after each sampling row
+    ends: list[int] = []  # the row after each sampling row whose logits the host reads
+    argmax_ends: list[int] = []  # ... and after each that needs only its greedy token
     every_row: list[range] = []  # chunks whose every row wants logits (prompt logprobs)
     row_requests = [requests[chunk.request_id] for chunk in rows]
     for chunk, request in zip(rows, row_requests, strict=True):
@@ -42,16 +43,17 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
             positions += range(chunk.start, chunk.end)
             seq_ids += [chunk.slot] * chunk.n_tokens
         if chunk.yields_token:
-            ends.append(len(tokens))
+            (argmax_ends if request.params.needs_only_argmax else ends).append(len(tokens))
     b, n = arrays, len(tokens)
     b.tokens[:n] = tokens
     b.positions[:n] = positions
     b.seq_ids[:n] = seq_ids
     b.want_logits[:n] = 0
-    b.want_logits[np.array(ends, dtype=np.intp) - 1] = 1
-    for span in every_row:
-        b.want_logits[span.start:span.stop] = 1
-    return Filled(n, row_requests, len(ends) == n and not every_row)
+    b.want_logits[np.array(ends, dtype=np.intp) - 1] = WANT_LOGITS
+    b.want_logits[np.array(argmax_ends, dtype=np.intp) - 1] = WANT_ARGMAX
+    for span in every_row:  # prompt logprobs read these rows' logits, the chunk's sampling row included
+        b.want_logits[span.start:span.stop] = WANT_LOGITS
+    return Filled(n, row_requests, len(ends) + len(argmax_ends) == n and not every_row)
 
 
 def sampling_rows(rows: tuple[Chunk, ...], row_requests: list[Request], logits: np.ndarray

@@ -47,9 +47,11 @@ def rows_of(engine: Engine, request: Request) -> int:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("chunk", [8, 512])
-def test_async_scheduling_gives_the_synchronous_outputs(seed: int, chunk: int) -> None:
+@pytest.mark.parametrize("device_argmax", [False, True])
+def test_async_scheduling_gives_the_synchronous_outputs(seed: int, chunk: int, device_argmax: bool) -> None:
     items = workload(seed)
-    sync, overlapped = make_engine(False, chunk=chunk), make_engine(True, chunk=chunk)
+    sync = make_engine(False, chunk=chunk)
+    overlapped = make_engine(True, chunk=chunk, device_argmax=device_argmax)
     expected = [sync.add_request(p, params) for p, params in items]
     sync.run_until_done()
     got = [overlapped.add_request(p, params) for p, params in items]

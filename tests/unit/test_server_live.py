@@ -33,8 +33,8 @@ class SlowBackend(FakeBackend):
 
 
 @contextmanager
-def live_server(overlap: bool, max_slots: int = 2, max_queue: int | None = None,
-                grace_s: float = 10) -> Iterator[tuple[httpx.Client, uvicorn.Server]]:
+def live_server(max_slots: int = 2, max_queue: int | None = None, grace_s: float = 10,
+                overlap: bool = False) -> Iterator[tuple[httpx.Client, uvicorn.Server]]:
     def build() -> Engine:
         return Engine(SlowBackend(n_seq_max=max_slots, n_ctx_seq=4096, n_batch=64),
                       EngineConfig(max_slots=max_slots, n_batch=64, async_scheduling=overlap))
@@ -89,7 +89,7 @@ def metric(client: httpx.Client, sample: str) -> float:
 
 
 def test_beyond_the_queue_limit_is_429(overlap: bool) -> None:
-    with live_server(overlap, max_slots=1, max_queue=0) as (client, _), stream(client, LONG) as hog:
+    with live_server(overlap=overlap, max_slots=1, max_queue=0) as (client, _), stream(client, LONG) as hog:
         first_event(hog)  # it holds the only slot now
         response = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert response.status_code == 429
@@ -98,7 +98,7 @@ def test_beyond_the_queue_limit_is_429(overlap: bool) -> None:
 
 
 def test_a_waiting_request_is_admitted_when_a_slot_frees(overlap: bool) -> None:
-    with live_server(overlap, max_slots=1, max_queue=1) as (client, _):
+    with live_server(overlap=overlap, max_slots=1, max_queue=1) as (client, _):
         with stream(client, {**LONG, "max_tokens": 40}) as hog:
             first_event(hog)
             waiter = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "ignore_eos": True})
@@ -107,7 +107,7 @@ def test_a_waiting_request_is_admitted_when_a_slot_frees(overlap: bool) -> None:
 
 
 def test_client_disconnect_frees_the_slot(overlap: bool) -> None:
-    with live_server(overlap) as (client, _):
+    with live_server(overlap=overlap) as (client, _):
         with stream(client, LONG) as response:
             first_event(response)
             assert busy_slots(client) == 1
@@ -116,7 +116,7 @@ def test_client_disconnect_frees_the_slot(overlap: bool) -> None:
 
 
 def test_disconnect_while_queued_drops_the_request(overlap: bool) -> None:
-    with live_server(overlap, max_slots=1) as (client, _), stream(client, LONG) as hog:
+    with live_server(overlap=overlap, max_slots=1) as (client, _), stream(client, LONG) as hog:
         first_event(hog)
         with pytest.raises(httpx.ReadTimeout):  # waits behind the hog, then gives up
             client.post("/v1/completions", json={"prompt": "q", "max_tokens": 5}, timeout=0.3)
@@ -126,7 +126,7 @@ def test_disconnect_while_queued_drops_the_request(overlap: bool) -> None:
 
 
 def test_shutdown_signal_lets_in_flight_requests_finish(overlap: bool) -> None:
-    with live_server(overlap) as (client, server), stream(client, {**LONG, "max_tokens": 100}) as lines:
+    with live_server(overlap=overlap) as (client, server), stream(client, {**LONG, "max_tokens": 100}) as lines:
         first_event(lines)
         server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
         assert client.get("/health").status_code == 503  # out of rotation at once
@@ -136,7 +136,7 @@ def test_shutdown_signal_lets_in_flight_requests_finish(overlap: bool) -> None:
 
 
 def test_requests_still_running_after_the_grace_period_get_an_error(overlap: bool) -> None:
-    with live_server(overlap, grace_s=0.2) as (client, server), stream(client, LONG) as lines:
+    with live_server(overlap=overlap, grace_s=0.2) as (client, server), stream(client, LONG) as lines:
         first_event(lines)
         server.handle_exit(signal.SIGTERM, None)
         last = json.loads([line for line in lines if line][-1].removeprefix("data: "))

@@ -11,6 +11,7 @@ import numpy as np
 from cobali.backends.base import BackendInfo, BatchArrays, EmbeddingLimits, SamplingParams, TemplateSource
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
+from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
 from cobali.backends.llama_cpp.embedder import EMBEDDING_CTX, EMBEDDING_SEQS, Embedder
 from cobali.backends.llama_cpp.sampler import LlamaCppSampler
 from cobali.backends.llama_cpp.tools import silence_logs
@@ -42,6 +43,7 @@ class LlamaCppBackend:
             prefill_tile=PREFILL_TILE,
         )
         self._batch = OwnedBatch(self.info.n_batch)
+        self.device_greedy = DeviceGreedy(self.ctx, self.info.n_seq_max) if options.backend_sampling else None
         self._pieces: dict[int, bytes] = {}
         self._embedder: Embedder | None = None
 
@@ -75,7 +77,8 @@ class LlamaCppBackend:
         buf = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self.model, buf, len(buf))
         kv = "unified" if options.kv_unified else "per-sequence streams"
-        return f"{buf.value.decode(errors='replace')}, {self.info_threads()} threads, KV {kv}"
+        greedy = ", greedy tokens picked in the graph" if options.backend_sampling else ""
+        return f"{buf.value.decode(errors='replace')}, {self.info_threads()} threads, KV {kv}{greedy}"
 
     def info_threads(self) -> int:
         return ll.llama_n_threads(self.ctx)
@@ -84,6 +87,9 @@ class LlamaCppBackend:
 
     def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
         n = self._batch.fill(tokens, positions, seq_ids, want_logits)
+        if self.device_greedy is not None:
+            rows = self._batch.arrays
+            self.device_greedy.prepare(rows.seq_ids[:n], rows.want_logits[:n])
         decode_batch(self.ctx, self._batch)
         n_out = int(np.count_nonzero(want_logits[:n]))
         if n_out == 0:
@@ -92,6 +98,8 @@ class LlamaCppBackend:
         return np.ctypeslib.as_array(ll.llama_get_logits(self.ctx), shape=(n_out, self.info.n_vocab))
 
     def argmax(self, logits: np.ndarray) -> np.ndarray:
+        if self.device_greedy is not None:
+            return self.device_greedy.tokens(logits)
         return logits.argmax(axis=1)
 
     def batch_arrays(self) -> BatchArrays:
@@ -187,6 +195,9 @@ class LlamaCppBackend:
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None
+        if self.device_greedy is not None:
+            self.device_greedy.close()
+            self.device_greedy = None
         if self.ctx:
             ll.llama_free(self.ctx)
             self.ctx = None
