@@ -7,8 +7,9 @@ GPU backend would, without the host reading the logits (host_overhead.py's NullB
 
 Closed loop: `concurrency` requests stay in flight (a finished one is replaced at once), each a short prompt
 and `max_tokens` of ignore_eos output. Busy share = time inside decode / wall time over the measured window;
-tokens/s = tokens sampled (engine) or text chunks received by the clients (server) per second. The server
-runs in a child process, as `cobali serve` would, with clients in this one reading raw SSE lines.
+tokens/s = tokens sampled (engine) or tokens received by the clients (server) per second. The server
+runs in a child process, as `cobali serve` would, with clients in this one on raw sockets: each token is the
+text "a", so the clients count the letters in the streamed texts, not the SSE events.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,17 +47,30 @@ def build_engine(concurrency: int, sleep_s: float, n_vocab: int, record_ticks: b
     return Engine(backend, config)
 
 
-def busy_share(ticks: list[tuple[float, float, float]], t0: float, t1: float) -> float:
-    """ticks: (tick start, decode start, decode end); the share of [t0, t1) spent inside decode."""
+Tick = tuple[float, float, float, int]  # tick start, decode start, decode end, rows in the batch
+
+
+def busy_share(ticks: list[Tick], t0: float, t1: float) -> float:
+    """The share of [t0, t1) spent inside decode."""
     inside = sum(max(0.0, min(t[2], t1) - max(t[1], t0)) for t in ticks)
     return inside / (t1 - t0)
 
 
+def rows_per_tick(ticks: list[Tick], t0: float, t1: float) -> float:
+    """Requests in a batch on average: below the concurrency when slots wait for their next request."""
+    rows = [t[3] for t in ticks if t0 <= t[1] < t1]
+    return sum(rows) / max(1, len(rows))
+
+
+def measured(ticks: list[Tick], t0: float, t1: float) -> dict:
+    return {"busy": busy_share(ticks, t0, t1), "rows_per_tick": rows_per_tick(ticks, t0, t1)}
+
+
 def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int) -> dict:
     engine = build_engine(concurrency, sleep_s, n_vocab)
-    ticks: list[tuple[float, float, float]] = []
+    ticks: list[Tick] = []
     sampled: list[tuple[float, int]] = []
-    engine.on_tick = lambda r: (ticks.append((r.start, r.decode_start, r.decode_end)),
+    engine.on_tick = lambda r: (ticks.append((r.start, r.decode_start, r.decode_end, len(r.plan.chunks))),
                                 sampled.append((r.end, sum(c.yields_token for c in r.plan.chunks))))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     for _ in range(concurrency):
@@ -67,13 +82,14 @@ def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         for _ in range(concurrency - len(engine.requests)):
             engine.add_request(PROMPT, params)
     tokens = sum(n for t, n in sampled if t0 <= t < t1)
-    return {"concurrency": concurrency, "path": "engine", "busy": busy_share(ticks, t0, t1),
+    return {"concurrency": concurrency, "path": "engine", **measured(ticks, t0, t1),
             "tokens_per_s": tokens / (t1 - t0)}
 
 
 # ---- through the server -----------------------------------------------------------------------------
 
-def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks_file: str) -> None:
+def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks_file: str,
+                stream_interval: int) -> None:
     """The child process: the server's app around a sleeping engine; its decode times go to ticks_file."""
     import signal
 
@@ -93,35 +109,52 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
         os._exit(0)
 
     signal.signal(signal.SIGUSR1, dump)
-    app = create_app(factory, "sleeping", max_queue=4 * concurrency)
+    app = create_app(factory, "sleeping", max_queue=4 * concurrency, stream_interval=stream_interval)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-async def stream_clients(port: int, concurrency: int, seconds: float, max_tokens: int) -> list[float]:
-    """Closed-loop SSE clients; returns the arrival time of every text chunk."""
-    import httpx
+TEXT = re.compile(rb'"text":"(a*)"')  # the sleeping backend renders every token as "a": text length = tokens
+END_OF_BODY = b"\r\n0\r\n\r\n"  # the last chunk of a chunked reply
 
-    arrivals: list[float] = []
-    failures: list[float] = []
+
+async def stream_clients(port: int, concurrency: int, seconds: float, max_tokens: int) -> list[tuple[float, int]]:
+    """Closed-loop SSE clients on raw keep-alive sockets; returns (arrival time, tokens) per socket read.
+
+    A client must cost far less per token than the server, or it measures itself: no HTTP library, no
+    per-event parsing, one regex over each read that counts the tokens in it (an SSE event may carry several).
+    """
+    body = json.dumps({"model": "sleeping", "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": True, "temperature": 0}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    arrivals: list[tuple[float, int]] = []
+    failures: list[str] = []
     deadline = time.perf_counter() + seconds
-    body = {"model": "sleeping", "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "temperature": 0}
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60) as client:
 
-        async def one_client() -> None:
+    async def one_client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
             while time.perf_counter() < deadline:
-                try:
-                    async with client.stream("POST", "/v1/completions", json=body) as reply:
-                        async for line in reply.aiter_lines():
-                            if line.startswith("data: {"):
-                                arrivals.append(time.perf_counter())
-                except httpx.TransportError:  # counted, not fatal: a starved client may lose a connection
-                    failures.append(time.perf_counter())
+                writer.write(head + body)
+                pending = b""  # the bytes after the last complete event, which may end inside a "text"
+                while True:
+                    data = pending + await reader.read(65536)
+                    if not data:
+                        raise ConnectionError("the server closed the connection")
+                    cut = data.rfind(b"\n\n") + 1
+                    complete, pending = data[:cut], data[cut:]
+                    if complete:
+                        arrivals.append((time.perf_counter(), sum(map(len, TEXT.findall(complete)))))
+                    if data.endswith(END_OF_BODY):
+                        break
+        except (ConnectionError, OSError) as err:  # counted, not fatal: a starved client may lose a connection
+            failures.append(str(err))
+        finally:
+            writer.close()
 
-        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    await asyncio.gather(*(one_client() for _ in range(concurrency)))
     if failures:
-        print(f"  {len(failures)} streams lost their connection", file=sys.stderr)
+        print(f"  {len(failures)} streams lost their connection: {failures[0]}", file=sys.stderr)
     return arrivals
 
 
@@ -139,11 +172,12 @@ def wait_healthy(port: int, timeout_s: float = 60) -> None:
     raise RuntimeError("the server did not come up")
 
 
-def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int, port: int) -> dict:
+def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int, port: int,
+               stream_interval: int) -> dict:
     ticks_file = tempfile.mktemp(suffix=".json")
     child = subprocess.Popen([sys.executable, __file__, "--child", str(port), "--concurrency", str(concurrency),
                               "--sleep-ms", str(sleep_s * 1e3), "--n-vocab", str(n_vocab), "--ticks-file",
-                              ticks_file])
+                              ticks_file, "--stream-interval", str(stream_interval)])
     try:
         wait_healthy(port)
         start, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(child.pid), time.process_time()
@@ -158,8 +192,8 @@ def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         ticks = [tuple(t) for t in json.load(f)]
     os.unlink(ticks_file)
     t0, t1 = start + seconds / 4, start + seconds
-    delivered = sum(t0 <= t < t1 for t in arrivals)
-    return {"concurrency": concurrency, "path": "server", "busy": busy_share(ticks, t0, t1),
+    delivered = sum(n for t, n in arrivals if t0 <= t < t1)
+    return {"concurrency": concurrency, "path": "server", **measured(ticks, t0, t1),
             "tokens_per_s": delivered / (t1 - t0), "server_cpu": server_cpu, "client_cpu": client_cpu}
 
 
@@ -179,25 +213,28 @@ def main() -> None:
     parser.add_argument("--n-vocab", type=int, default=49152)
     parser.add_argument("--serve", action="store_true", help="also measure through the HTTP server")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--stream-interval", type=int, default=1, help="the server's --stream-interval")
     parser.add_argument("--json", default=None, help="write the rows here")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ticks-file", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sleep_s = args.sleep_ms / 1e3
     if args.child is not None:
-        serve_child(args.child, args.concurrency[0], sleep_s, args.n_vocab, args.ticks_file)
+        serve_child(args.child, args.concurrency[0], sleep_s, args.n_vocab, args.ticks_file, args.stream_interval)
         return
     rows = []
-    print(f"{'path':>7} {'in flight':>9} {'backend busy':>13} {'tokens/s':>9}")
+    print(f"{'path':>7} {'in flight':>9} {'backend busy':>13} {'rows/tick':>9} {'tokens/s':>9}")
     for n in args.concurrency:
         paths = [run_engine(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab)]
         if args.serve:
-            paths.append(run_server(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, args.port))
+            paths.append(run_server(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, args.port,
+                                    args.stream_interval))
         for row in paths:
             rows.append(row)
             cpu = (f"  CPU cores used: server {row['server_cpu']:.2f}, clients {row['client_cpu']:.2f}"
                    if "server_cpu" in row else "")
-            print(f"{row['path']:>7} {n:>9} {row['busy']:>12.1%} {row['tokens_per_s']:>9.0f}{cpu}")
+            print(f"{row['path']:>7} {n:>9} {row['busy']:>12.1%} {row['rows_per_tick']:>9.1f} "
+                  f"{row['tokens_per_s']:>9.0f}{cpu}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
