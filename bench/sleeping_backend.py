@@ -6,7 +6,8 @@ GPU backend would, without the host reading the logits (host_overhead.py's NullB
     .venv/bin/python bench/sleeping_backend.py --serve --seconds 10     # also through `cobali serve` (SSE)
 
 Closed loop: `concurrency` requests stay in flight (a finished one is replaced at once), each a short prompt
-and `max_tokens` of ignore_eos output. Busy share = time inside decode / wall time over the measured window;
+and `max_tokens` of ignore_eos output. Busy share = time the backend sleeps / wall time over the measured
+window; overrun = how much longer than its sleep a decode call took (waking, and taking the GIL back);
 tokens/s = tokens sampled (engine) or tokens received by the clients (server) per second. The server
 runs in a child process, as `cobali serve` would, with clients in this one on raw sockets: each token is the
 text "a", so the clients count the letters in the streamed texts, not the SSE events.
@@ -50,9 +51,9 @@ def build_engine(concurrency: int, sleep_s: float, n_vocab: int, record_ticks: b
 Tick = tuple[float, float, float, int]  # tick start, decode start, decode end, rows in the batch
 
 
-def busy_share(ticks: list[Tick], t0: float, t1: float) -> float:
-    """The share of [t0, t1) spent inside decode."""
-    inside = sum(max(0.0, min(t[2], t1) - max(t[1], t0)) for t in ticks)
+def busy_share(ticks: list[Tick], t0: float, t1: float, sleep_s: float) -> float:
+    """The share of [t0, t1) the backend works: a decode's sleep, not the time it then waits to run on."""
+    inside = sum(max(0.0, min(t[1] + sleep_s, t1) - max(t[1], t0)) for t in ticks)
     return inside / (t1 - t0)
 
 
@@ -62,8 +63,13 @@ def rows_per_tick(ticks: list[Tick], t0: float, t1: float) -> float:
     return sum(rows) / max(1, len(rows))
 
 
-def measured(ticks: list[Tick], t0: float, t1: float) -> dict:
-    return {"busy": busy_share(ticks, t0, t1), "rows_per_tick": rows_per_tick(ticks, t0, t1)}
+def measured(ticks: list[Tick], t0: float, t1: float, sleep_s: float) -> dict:
+    """Also how long a decode overran its sleep: waking up, and taking the GIL back from whoever holds it
+    (in the server, the event loop's thread)."""
+    window = [t for t in ticks if t0 <= t[1] < t1]
+    overrun = sum(t[2] - t[1] for t in window) / max(1, len(window)) - sleep_s
+    return {"busy": busy_share(ticks, t0, t1, sleep_s), "rows_per_tick": rows_per_tick(ticks, t0, t1),
+            "tick_ms": (t1 - t0) / max(1, len(window)) * 1e3, "overrun_ms": overrun * 1e3}
 
 
 def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int) -> dict:
@@ -82,7 +88,7 @@ def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         for _ in range(concurrency - len(engine.requests)):
             engine.add_request(PROMPT, params)
     tokens = sum(n for t, n in sampled if t0 <= t < t1)
-    return {"concurrency": concurrency, "path": "engine", **measured(ticks, t0, t1),
+    return {"concurrency": concurrency, "path": "engine", **measured(ticks, t0, t1, sleep_s),
             "tokens_per_s": tokens / (t1 - t0)}
 
 
@@ -109,7 +115,9 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
         os._exit(0)
 
     signal.signal(signal.SIGUSR1, dump)
-    app = create_app(factory, "sleeping", max_queue=4 * concurrency, stream_interval=stream_interval)
+    # Passed only when set, so this file also runs on checkouts that predate it (PYTHONPATH=old/checkout).
+    interval = {"stream_interval": stream_interval} if stream_interval != 1 else {}
+    app = create_app(factory, "sleeping", max_queue=4 * concurrency, **interval)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
@@ -185,6 +193,7 @@ def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         wall = time.perf_counter() - start
         server_cpu = (cpu_seconds(child.pid) - server_cpu) / wall
         client_cpu = (time.process_time() - client_cpu) / wall
+        per_token_us = server_cpu * wall / max(1, sum(n for _, n in arrivals)) * 1e6
     finally:
         child.send_signal(__import__("signal").SIGUSR1)
         child.wait(30)
@@ -193,8 +202,9 @@ def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
     os.unlink(ticks_file)
     t0, t1 = start + seconds / 4, start + seconds
     delivered = sum(n for t, n in arrivals if t0 <= t < t1)
-    return {"concurrency": concurrency, "path": "server", **measured(ticks, t0, t1),
-            "tokens_per_s": delivered / (t1 - t0), "server_cpu": server_cpu, "client_cpu": client_cpu}
+    return {"concurrency": concurrency, "path": "server", **measured(ticks, t0, t1, sleep_s),
+            "tokens_per_s": delivered / (t1 - t0), "server_cpu": server_cpu, "client_cpu": client_cpu,
+            "server_cpu_us_per_token": per_token_us}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -223,7 +233,8 @@ def main() -> None:
         serve_child(args.child, args.concurrency[0], sleep_s, args.n_vocab, args.ticks_file, args.stream_interval)
         return
     rows = []
-    print(f"{'path':>7} {'in flight':>9} {'backend busy':>13} {'rows/tick':>9} {'tokens/s':>9}")
+    print(f"{'path':>7} {'in flight':>9} {'backend busy':>13} {'rows/tick':>9} {'tick ms':>7} {'overrun ms':>10} "
+          f"{'tokens/s':>9}")
     for n in args.concurrency:
         paths = [run_engine(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab)]
         if args.serve:
@@ -231,10 +242,10 @@ def main() -> None:
                                     args.stream_interval))
         for row in paths:
             rows.append(row)
-            cpu = (f"  CPU cores used: server {row['server_cpu']:.2f}, clients {row['client_cpu']:.2f}"
-                   if "server_cpu" in row else "")
-            print(f"{row['path']:>7} {n:>9} {row['busy']:>12.1%} {row['rows_per_tick']:>9.1f} "
-                  f"{row['tokens_per_s']:>9.0f}{cpu}")
+            cpu = (f"  CPU cores used: server {row['server_cpu']:.2f}, clients {row['client_cpu']:.2f}; "
+                   f"server {row['server_cpu_us_per_token']:.0f} µs a token" if "server_cpu" in row else "")
+            print(f"{row['path']:>7} {n:>9} {row['busy']:>12.1%} {row['rows_per_tick']:>9.1f} {row['tick_ms']:>7.2f} "
+                  f"{row['overrun_ms']:>10.2f} {row['tokens_per_s']:>9.0f}{cpu}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
