@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterator
 
@@ -11,9 +12,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
+from cobali.options import engine_spec
 from cobali.server.app import create_app
 from cobali.server.config import ServerConfig
+from cobali.server.flags import add_serve_args, server_config
 from cobali.server.replies import CHAT, COMPLETION
+from cobali.server.serve import build_app
 from tests.unit.test_server_api import fake_engine, wait_healthy
 
 INTERVAL = 3
@@ -100,3 +104,11 @@ def test_the_plain_chunk_template_renders_what_the_general_path_does(kind, text:
 def test_a_stream_interval_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="--stream-interval must be at least 1, got 0"):
         ServerConfig(stream_interval=0)
+
+
+def test_the_flag_reaches_the_streams() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    args = parser.parse_args(["--stream-interval", "5"])
+    app = build_app(engine_spec(args), server_config(args))  # the engine loads only when the app starts
+    assert app.state.server.engine_thread.stream_interval == 5
