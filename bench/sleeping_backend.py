@@ -4,6 +4,7 @@ GPU backend would, without the host reading the logits (host_overhead.py's NullB
 
     .venv/bin/python bench/sleeping_backend.py                          # 64 and 256 in flight, engine only
     .venv/bin/python bench/sleeping_backend.py --serve --seconds 10     # also through `cobali serve` (SSE)
+    .venv/bin/python bench/sleeping_backend.py --serve --stream-interval 4   # the server's --stream-interval
 
 Closed loop: `concurrency` requests stay in flight (a finished one is replaced at once), each a short prompt
 and `max_tokens` of ignore_eos output. Busy share = time the backend sleeps / wall time over the measured
