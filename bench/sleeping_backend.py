@@ -4,11 +4,14 @@ GPU backend would, without the host reading the logits (host_overhead.py's NullB
 
     .venv/bin/python bench/sleeping_backend.py                          # 64 and 256 in flight, engine only
     .venv/bin/python bench/sleeping_backend.py --serve --seconds 10     # also through `cobali serve` (SSE)
+    .venv/bin/python bench/sleeping_backend.py --serve --stream-interval 4   # the server's --stream-interval
 
 Closed loop: `concurrency` requests stay in flight (a finished one is replaced at once), each a short prompt
-and `max_tokens` of ignore_eos output. Busy share = time inside decode / wall time over the measured window;
-tokens/s = tokens sampled (engine) or text chunks received by the clients (server) per second. The server
-runs in a child process, as `cobali serve` would, with clients in this one reading raw SSE lines.
+and `max_tokens` of ignore_eos output. Busy share = time the backend sleeps / wall time over the measured
+window; overrun = how much longer than its sleep a decode call took (waking, and taking the GIL back);
+tokens/s = tokens sampled (engine) or tokens received by the clients (server) per second. The server
+runs in a child process, as `cobali serve` would, with clients in this one on raw sockets: each token is the
+text "a", so the clients count the letters in the streamed texts, not the SSE events.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,23 +46,42 @@ class SleepingBackend(NullBackend):
 def build_engine(concurrency: int, sleep_s: float, n_vocab: int, record_ticks: bool = False,
                  overlap: bool = False) -> Engine:
     backend = SleepingBackend(concurrency, sleep_s, n_vocab)
-    config = EngineConfig(max_slots=concurrency, n_batch=backend.info.n_batch, record_ticks=record_ticks,
-                          async_scheduling=overlap)
+    # Passed only when set, so this file also runs on checkouts that predate it.
+    overlapped = {"async_scheduling": True} if overlap else {}
+    config = EngineConfig(max_slots=concurrency, n_batch=backend.info.n_batch, record_ticks=record_ticks, **overlapped)
     return Engine(backend, config)
 
 
-def busy_share(ticks: list[tuple[float, float, float]], t0: float, t1: float) -> float:
-    """ticks: (tick start, decode start, decode end); the share of [t0, t1) spent inside decode."""
-    inside = sum(max(0.0, min(t[2], t1) - max(t[1], t0)) for t in ticks)
+Tick = tuple[float, float, float, int]  # tick start, decode start, decode end, rows in the batch
+
+
+def busy_share(ticks: list[Tick], t0: float, t1: float, sleep_s: float) -> float:
+    """The share of [t0, t1) the backend works: a decode's sleep, not the time it then waits to run on."""
+    inside = sum(max(0.0, min(t[1] + sleep_s, t1) - max(t[1], t0)) for t in ticks)
     return inside / (t1 - t0)
+
+
+def rows_per_tick(ticks: list[Tick], t0: float, t1: float) -> float:
+    """Requests in a batch on average: below the concurrency when slots wait for their next request."""
+    rows = [t[3] for t in ticks if t0 <= t[1] < t1]
+    return sum(rows) / max(1, len(rows))
+
+
+def measured(ticks: list[Tick], t0: float, t1: float, sleep_s: float) -> dict:
+    """Also how long a decode overran its sleep: waking up, and taking the GIL back from whoever holds it
+    (in the server, the event loop's thread)."""
+    window = [t for t in ticks if t0 <= t[1] < t1]
+    overrun = sum(t[2] - t[1] for t in window) / max(1, len(window)) - sleep_s
+    return {"busy": busy_share(ticks, t0, t1, sleep_s), "rows_per_tick": rows_per_tick(ticks, t0, t1),
+            "tick_ms": (t1 - t0) / max(1, len(window)) * 1e3, "overrun_ms": overrun * 1e3}
 
 
 def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int,
                overlap: bool = False) -> dict:
     engine = build_engine(concurrency, sleep_s, n_vocab, overlap=overlap)
-    ticks: list[tuple[float, float, float]] = []
+    ticks: list[Tick] = []
     sampled: list[tuple[float, int]] = []
-    engine.on_tick = lambda r: (ticks.append((r.start, r.decode_start, r.decode_end)),
+    engine.on_tick = lambda r: (ticks.append((r.start, r.decode_start, r.decode_end, len(r.plan.chunks))),
                                 sampled.append((r.end, sum(c.yields_token for c in r.plan.chunks))))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     for _ in range(concurrency):
@@ -70,13 +93,14 @@ def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         for _ in range(concurrency - len(engine.requests)):
             engine.add_request(PROMPT, params)
     tokens = sum(n for t, n in sampled if t0 <= t < t1)
-    return {"concurrency": concurrency, "path": "engine" + " async" * overlap, "busy": busy_share(ticks, t0, t1),
+    return {"concurrency": concurrency, "path": "engine" + " async" * overlap, **measured(ticks, t0, t1, sleep_s),
             "tokens_per_s": tokens / (t1 - t0)}
 
 
 # ---- through the server -----------------------------------------------------------------------------
 
-def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks_file: str) -> None:
+def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks_file: str,
+                stream_interval: int, overlap: bool) -> None:
     """The child process: the server's app around a sleeping engine; its decode times go to ticks_file."""
     import signal
 
@@ -87,7 +111,7 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
     engines: list[Engine] = []  # the server's metrics own on_tick: the engine records its ticks instead
 
     def factory() -> Engine:
-        engines.append(build_engine(concurrency, sleep_s, n_vocab, record_ticks=True))
+        engines.append(build_engine(concurrency, sleep_s, n_vocab, record_ticks=True, overlap=overlap))
         return engines[0]
 
     def dump(*_args) -> None:
@@ -96,35 +120,54 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
         os._exit(0)
 
     signal.signal(signal.SIGUSR1, dump)
-    app = create_app(factory, "sleeping", max_queue=4 * concurrency)
+    # Passed only when set, so this file also runs on checkouts that predate it (PYTHONPATH=old/checkout).
+    interval = {"stream_interval": stream_interval} if stream_interval != 1 else {}
+    app = create_app(factory, "sleeping", max_queue=4 * concurrency, **interval)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-async def stream_clients(port: int, concurrency: int, seconds: float, max_tokens: int) -> list[float]:
-    """Closed-loop SSE clients; returns the arrival time of every text chunk."""
-    import httpx
+TEXT = re.compile(rb'"text":"(a*)"')  # the sleeping backend renders every token as "a": text length = tokens
+END_OF_BODY = b"\r\n0\r\n\r\n"  # the last chunk of a chunked reply
 
-    arrivals: list[float] = []
-    failures: list[float] = []
+
+async def stream_clients(port: int, concurrency: int, seconds: float, max_tokens: int) -> list[tuple[float, int]]:
+    """Closed-loop SSE clients on raw keep-alive sockets; returns (arrival time, tokens) per socket read.
+
+    A client must cost far less per token than the server, or it measures itself: no HTTP library, no
+    per-event parsing, one regex over each read that counts the tokens in it (an SSE event may carry several).
+    """
+    body = json.dumps({"model": "sleeping", "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": True, "temperature": 0}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    arrivals: list[tuple[float, int]] = []
+    failures: list[str] = []
     deadline = time.perf_counter() + seconds
-    body = {"model": "sleeping", "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "temperature": 0}
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60) as client:
 
-        async def one_client() -> None:
+    async def one_client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
             while time.perf_counter() < deadline:
-                try:
-                    async with client.stream("POST", "/v1/completions", json=body) as reply:
-                        async for line in reply.aiter_lines():
-                            if line.startswith("data: {"):
-                                arrivals.append(time.perf_counter())
-                except httpx.TransportError:  # counted, not fatal: a starved client may lose a connection
-                    failures.append(time.perf_counter())
+                writer.write(head + body)
+                pending = b""  # the bytes after the last complete event, which may end inside a "text"
+                while True:
+                    data = pending + await reader.read(65536)
+                    if not data:
+                        raise ConnectionError("the server closed the connection")
+                    cut = data.rfind(b"\n\n") + 1
+                    complete, pending = data[:cut], data[cut:]
+                    if complete:
+                        arrivals.append((time.perf_counter(), sum(map(len, TEXT.findall(complete)))))
+                    if data.endswith(END_OF_BODY):
+                        break
+        except (ConnectionError, OSError) as err:  # counted, not fatal: a starved client may lose a connection
+            failures.append(str(err))
+        finally:
+            writer.close()
 
-        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    await asyncio.gather(*(one_client() for _ in range(concurrency)))
     if failures:
-        print(f"  {len(failures)} streams lost their connection", file=sys.stderr)
+        print(f"  {len(failures)} streams lost their connection: {failures[0]}", file=sys.stderr)
     return arrivals
 
 
@@ -142,11 +185,13 @@ def wait_healthy(port: int, timeout_s: float = 60) -> None:
     raise RuntimeError("the server did not come up")
 
 
-def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int, port: int) -> dict:
+def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int, port: int,
+               stream_interval: int, overlap: bool = False) -> dict:
     ticks_file = tempfile.mktemp(suffix=".json")
     child = subprocess.Popen([sys.executable, __file__, "--child", str(port), "--concurrency", str(concurrency),
                               "--sleep-ms", str(sleep_s * 1e3), "--n-vocab", str(n_vocab), "--ticks-file",
-                              ticks_file])
+                              ticks_file, "--stream-interval", str(stream_interval)]
+                             + ["--async-scheduling"] * overlap)
     try:
         wait_healthy(port)
         start, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(child.pid), time.process_time()
@@ -154,6 +199,7 @@ def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         wall = time.perf_counter() - start
         server_cpu = (cpu_seconds(child.pid) - server_cpu) / wall
         client_cpu = (time.process_time() - client_cpu) / wall
+        per_token_us = server_cpu * wall / max(1, sum(n for _, n in arrivals)) * 1e6
     finally:
         child.send_signal(__import__("signal").SIGUSR1)
         child.wait(30)
@@ -161,9 +207,10 @@ def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         ticks = [tuple(t) for t in json.load(f)]
     os.unlink(ticks_file)
     t0, t1 = start + seconds / 4, start + seconds
-    delivered = sum(t0 <= t < t1 for t in arrivals)
-    return {"concurrency": concurrency, "path": "server", "busy": busy_share(ticks, t0, t1),
-            "tokens_per_s": delivered / (t1 - t0), "server_cpu": server_cpu, "client_cpu": client_cpu}
+    delivered = sum(n for t, n in arrivals if t0 <= t < t1)
+    return {"concurrency": concurrency, "path": "server" + " async" * overlap, **measured(ticks, t0, t1, sleep_s),
+            "tokens_per_s": delivered / (t1 - t0), "server_cpu": server_cpu, "client_cpu": client_cpu,
+            "server_cpu_us_per_token": per_token_us}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -182,29 +229,35 @@ def main() -> None:
     parser.add_argument("--n-vocab", type=int, default=49152)
     parser.add_argument("--serve", action="store_true", help="also measure through the HTTP server")
     parser.add_argument("--async-scheduling", action="store_true",
-                        help="also run the engine with async scheduling (the next tick planned during the decode)")
+                        help="also run the engine with async scheduling (the next tick planned during the decode), "
+                             "and the server with it")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--stream-interval", type=int, default=1, help="the server's --stream-interval")
     parser.add_argument("--json", default=None, help="write the rows here")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ticks-file", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sleep_s = args.sleep_ms / 1e3
     if args.child is not None:
-        serve_child(args.child, args.concurrency[0], sleep_s, args.n_vocab, args.ticks_file)
+        serve_child(args.child, args.concurrency[0], sleep_s, args.n_vocab, args.ticks_file, args.stream_interval,
+                    args.async_scheduling)
         return
     rows = []
-    print(f"{'path':>12} {'in flight':>9} {'backend busy':>13} {'tokens/s':>9}")
+    print(f"{'path':>12} {'in flight':>9} {'backend busy':>13} {'rows/tick':>9} {'tick ms':>7} {'overrun ms':>10} "
+          f"{'tokens/s':>9}")
     for n in args.concurrency:
         paths = [run_engine(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab)]
         if args.async_scheduling:
             paths.append(run_engine(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, overlap=True))
         if args.serve:
-            paths.append(run_server(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, args.port))
+            paths.append(run_server(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, args.port,
+                                    args.stream_interval, args.async_scheduling))
         for row in paths:
             rows.append(row)
-            cpu = (f"  CPU cores used: server {row['server_cpu']:.2f}, clients {row['client_cpu']:.2f}"
-                   if "server_cpu" in row else "")
-            print(f"{row['path']:>12} {n:>9} {row['busy']:>12.1%} {row['tokens_per_s']:>9.0f}{cpu}")
+            cpu = (f"  CPU cores used: server {row['server_cpu']:.2f}, clients {row['client_cpu']:.2f}; "
+                   f"server {row['server_cpu_us_per_token']:.0f} µs a token" if "server_cpu" in row else "")
+            print(f"{row['path']:>12} {n:>9} {row['busy']:>12.1%} {row['rows_per_tick']:>9.1f} {row['tick_ms']:>7.2f} "
+                  f"{row['overrun_ms']:>10.2f} {row['tokens_per_s']:>9.0f}{cpu}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -24,8 +24,9 @@ from cobali.server.state import ServerContext
 ops = APIRouter()
 
 
-def require_api_key(http: Request) -> None:
-    """Bearer auth for /v1/* and /slots; /health and /metrics stay open for probes and scrapers."""
+async def require_api_key(http: Request) -> None:
+    """Bearer auth for /v1/* and /slots; /health and /metrics stay open for probes and scrapers. Async,
+    because FastAPI runs a plain-def dependency on a worker thread: a thread hop per request."""
     key = http.app.state.server.api_key
     if key is None:
         return
@@ -99,13 +100,14 @@ def slot_table(engine: Engine) -> list[dict]:
 
 def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue: int | None = None,
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               chat_template: str | None = None) -> FastAPI:
+               chat_template: str | None = None, stream_interval: int = 1) -> FastAPI:
     """The app and its engine thread, which builds the engine with `engine_factory` (loading the model).
 
     The thread starts with the app, so /health answers 503 while the model loads, and stops with it.
     """
     metrics = ServerMetrics()
-    engine_thread = EngineThread(engine_factory, max_queue=max_queue, observer=metrics)
+    engine_thread = EngineThread(engine_factory, max_queue=max_queue, observer=metrics,
+                                 stream_interval=stream_interval)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -113,7 +115,9 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
         yield
         await asyncio.to_thread(engine_thread.stop)  # joining must not block the loop it reports to
 
-    app = FastAPI(title="cobali", lifespan=lifespan)
+    # FastAPI's own OpenTelemetry hooks look up the tracer provider in os.environ on every request (7.5 % of
+    # the event loop's time at 256 streams, bench/sleeping_backend.py); cobali's metrics are its /metrics.
+    app = FastAPI(title="cobali", lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.server = ServerContext(engine_thread, metrics, model_name, api_key, created=int(time.time()),
                                      chat_template=chat_template)
     install_error_handlers(app)

@@ -22,7 +22,10 @@ class ServerConfig:
     replicas: int = 1
     ray_address: str | None = None
     chat_template: str | None = None  # --chat-template: the Jinja text, used instead of the model's own
+    stream_interval: int = 1  # tokens per streamed delta at most; the first text and the end never wait
 
     def __post_init__(self) -> None:
+        if self.stream_interval < 1:
+            raise ValueError(f"--stream-interval must be at least 1, got {self.stream_interval}")
         if self.replicas == 1 and self.ray_address is not None:
             raise ValueError("--ray-address needs --replicas > 1 (one replica runs in this process)")

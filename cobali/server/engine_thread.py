@@ -3,8 +3,14 @@
 The thread loads the model, then ticks while there is work and sleeps on an Event when idle. HTTP handlers
 submit from the event loop (Engine.add_request is thread-safe); the engine's per-token callbacks collect a
 tick's deltas, which hop back onto the loop in one call_soon_threadsafe per tick (one wake-up of the loop for
-hundreds of streams, not one per token) into one asyncio.Queue per HTTP request. If the thread dies, every
-pending request is told so, and the server reports unhealthy instead of leaving clients hanging.
+hundreds of streams, not one per token) into one inbox per HTTP request. A stream reads everything its inbox
+holds at once, so a loop that falls behind catches up in fewer, larger writes.
+
+With a stream interval N > 1 a request's text waits on the engine thread until N tokens have come since its
+last delta; its first text and its end never wait. Every delta costs the event loop a wake-up, a chunk and a
+socket write, so this trades smoothness for how many streams one loop can serve (SGLang's and vLLM's
+--stream-interval). If the thread dies, every pending request is told so, and the server reports unhealthy
+instead of leaving clients hanging.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class Delta(NamedTuple):
     index: int  # which request of the generation
     text: str
     finished: bool
+    n_tokens: int  # the request's output tokens when this text was handed over: its logprobs end there
 
 
 @dataclass
@@ -63,19 +70,33 @@ class Failure:
 
 @dataclass(eq=False)  # identity semantics: generations go in sets
 class Generation:
-    """The engine requests behind one HTTP request (n choices), all reporting into one queue."""
+    """The engine requests behind one HTTP request (n choices), all reporting into one inbox."""
 
     loop: asyncio.AbstractEventLoop
     owner: EngineThread
     requests: list[Request] = field(default_factory=list)
-    queue: asyncio.Queue[Delta | Failure] = field(default_factory=asyncio.Queue)
+    # per choice, on the engine thread: text not handed over yet, and output tokens when text last was
+    held: list[str] = field(default_factory=list, init=False)
+    sent_at: list[int] = field(default_factory=list, init=False)
+    _inbox: list[Delta | Failure] = field(default_factory=list, init=False)  # event loop only
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def add(self, request: Request) -> None:
+        self.requests.append(request)
+        self.held.append("")
+        self.sent_at.append(0)
 
     def push(self, item: Delta | Failure) -> None:
         """Called from the engine thread."""
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.put, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             self.abort()
+
+    def put(self, item: Delta | Failure) -> None:
+        """On the event loop."""
+        self._inbox.append(item)
+        self._arrived.set()
 
     def abort(self) -> None:
         """End every unfinished request at the next tick; safe from any thread, a no-op once finished."""
@@ -83,27 +104,50 @@ class Generation:
             if not request.is_finished:
                 self.owner.abort(request.id)
 
-    async def events(self) -> AsyncIterator[Delta]:
-        """Text deltas until every request has finished. Raises EngineUnavailable if the engine failed."""
+    async def batches(self) -> AsyncIterator[list[Delta]]:
+        """Text deltas until every request has finished, all those that arrived since the last batch at once.
+        Raises EngineUnavailable if the engine failed (after the deltas that came before the failure)."""
         remaining = len(self.requests)
         while remaining:
-            item = await self.queue.get()
-            if isinstance(item, Failure):
-                raise EngineUnavailable(item.message)
-            if item.finished:
-                remaining -= 1
-                request = self.requests[item.index]
-                if request.finish_reason is FinishReason.ERROR:
-                    raise EngineUnavailable(f"generation failed: {request.error}")
-                if request.finish_reason is FinishReason.ABORT:  # shutdown (or a client already gone)
-                    raise EngineUnavailable("the request was aborted: the server is shutting down")
-            yield item
+            await self._arrived.wait()
+            self._arrived.clear()
+            items, self._inbox = self._inbox, []
+            batch: list[Delta] = []
+            for item in items:
+                problem = self._problem(item)
+                if problem is not None:
+                    if batch:
+                        yield batch
+                    raise problem
+                batch.append(item)
+                remaining -= item.finished
+            yield batch
+
+    async def events(self) -> AsyncIterator[Delta]:
+        """The deltas of batches(), one at a time."""
+        async for batch in self.batches():
+            for delta in batch:
+                yield delta
+
+    def _problem(self, item: Delta | Failure) -> EngineUnavailable | None:
+        if isinstance(item, Failure):
+            return EngineUnavailable(item.message)
+        if not item.finished:
+            return None
+        request = self.requests[item.index]
+        if request.finish_reason is FinishReason.ERROR:
+            return EngineUnavailable(f"generation failed: {request.error}")
+        if request.finish_reason is FinishReason.ABORT:  # shutdown (or a client already gone)
+            return EngineUnavailable("the request was aborted: the server is shutting down")
+        return None
 
 
 class EngineThread:
     def __init__(self, factory: Callable[[], Engine], max_queue: int | None = None,
-                 observer: Observer | None = None, idle_wait_s: float = 0.5) -> None:
+                 observer: Observer | None = None, idle_wait_s: float = 0.5, stream_interval: int = 1) -> None:
+        assert stream_interval >= 1, stream_interval
         self._factory = factory
+        self.stream_interval = stream_interval
         self.max_queue = max_queue
         self.observer = observer
         self.idle_wait_s = idle_wait_s  # only bounds how late a missed wake-up could be noticed
@@ -164,7 +208,7 @@ class EngineThread:
                 on_token = partial(self._on_token, generation, index)
                 request = engine.add_request(tokens, params, on_token=on_token, arrival_time=arrival,
                                              priority=priority)
-                generation.requests.append(request)
+                generation.add(request)
                 self._live[request.id] = generation
         self._wake.set()
         return generation
@@ -250,11 +294,18 @@ class EngineThread:
                 self._live.pop(request.id, None)
             if self.observer is not None:
                 self.observer.request_finished(request)
-        if delta or finished:
-            self._outbox.append((generation, Delta(index, delta, finished)))
+        text = generation.held[index] + delta
+        n_tokens = len(request.output_tokens)
+        due = finished or (text and (generation.sent_at[index] == 0  # the first text never waits
+                                     or n_tokens - generation.sent_at[index] >= self.stream_interval))
+        if due:
+            generation.held[index], generation.sent_at[index] = "", n_tokens
+            self._outbox.append((generation, Delta(index, text, finished, n_tokens)))
+        else:
+            generation.held[index] = text
 
 
 def _deliver(items: list[tuple[Generation, Delta]]) -> None:
-    """On the event loop: one tick's deltas into their generations' queues."""
+    """On the event loop: one tick's deltas into their generations' inboxes."""
     for generation, delta in items:
-        generation.queue.put_nowait(delta)
+        generation.put(delta)

@@ -40,6 +40,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
     parser.add_argument("--shutdown-grace", type=non_negative_float, default=30.0,
                         help="on SIGTERM, seconds in-flight requests get to finish before they are aborted")
+    parser.add_argument("--stream-interval", type=positive_int, default=1, metavar="N",
+                        help="a stream sends its text every N tokens (the first text and the end at once); "
+                             "larger N costs the server less per token, and streams less smoothly")
     parser.add_argument("--replicas", type=positive_int, default=1,
                         help="engines behind one endpoint, with Ray Serve (optional extra: pip install 'cobali[ray]')")
     parser.add_argument("--ray-address", default=None,
@@ -50,4 +53,4 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(host=args.host, port=args.port, max_queue=args.max_queue, api_key=args.api_key,
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
                         shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address,
-                        chat_template=args.chat_template)
+                        chat_template=args.chat_template, stream_interval=args.stream_interval)

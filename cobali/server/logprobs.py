@@ -23,9 +23,10 @@ class LogprobWriter:
         self._sent = [0] * n_choices
         self._text_offset = [0] * n_choices
 
-    def render_new(self, index: int, request: Request) -> dict | None:
+    def render_new(self, index: int, request: Request, end: int | None = None) -> dict | None:
+        """The entries from the last call's end up to `end` (None: all there are now)."""
         first = self._sent[index] == 0
-        entries = request.logprobs[self._sent[index]:]  # the engine thread only appends
+        entries = request.logprobs[self._sent[index]:end]  # the engine thread only appends
         if not entries and not first:
             return None
         self._sent[index] += len(entries)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 
+import numpy as np
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from cobali.engine.budget import AdaptiveBudget, DeadlineBudget
 from cobali.engine.costfit import OnlineCostFit
@@ -56,7 +58,8 @@ class ServerMetrics:
         self.request_success = counter("request_success", "Finished requests by finish reason.",
                                        ("finished_reason",))
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.")
-        self.itl = histogram("inter_token_latency_seconds", "Time between consecutive tokens.")
+        self.itl = BulkHistogram("cobali:inter_token_latency_seconds", "Time between consecutive tokens.",
+                                 _LATENCY_BUCKETS, registry)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.")
         self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled.")
         self.iteration_tokens = histogram("iteration_tokens", "Tokens in one tick's batch.", _COUNT_BUCKETS)
@@ -101,8 +104,8 @@ class ServerMetrics:
         times = request.token_times
         if times:
             self.ttft.observe(times[0] - request.arrival_time)
-        for earlier, later in itertools.pairwise(times):
-            self.itl.observe(later - earlier)
+        if len(times) > 1:
+            self.itl.observe_many(np.diff(times))
         if request.finish_time is not None:
             self.e2e.observe(request.finish_time - request.arrival_time)
         if request.first_scheduled_time is not None:
@@ -111,6 +114,32 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class BulkHistogram:
+    """A Prometheus histogram fed many values at once: a request's inter-token gaps as it ends. Histogram takes
+    one value a call (~0.7 µs each, on the engine thread, for every token the server streams)."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
+        self.name, self.documentation = name, documentation
+        self._bounds = np.array(buckets, dtype=np.float64)
+        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # the last one: above every bound (+Inf)
+        self._sum = 0.0
+        self._lock = threading.Lock()  # the engine thread adds, a scrape reads
+        registry.register(self)
+
+    def observe_many(self, values: np.ndarray) -> None:
+        counts = np.bincount(np.searchsorted(self._bounds, values), minlength=len(self._counts))  # v <= le
+        with self._lock:
+            self._counts += counts
+            self._sum += float(values.sum())
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            cumulative, total = np.cumsum(self._counts).tolist(), self._sum
+        labels = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=list(zip(labels, cumulative, strict=True)),
+                                    sum_value=total)
 
 
 class _Families:

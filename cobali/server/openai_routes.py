@@ -44,8 +44,8 @@ async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIter
         try:
             if (opening := reply.opening()) is not None:
                 yield opening
-            async for delta in reply.generation.events():
-                yield reply.delta_chunk(delta)
+            async for deltas in reply.generation.batches():  # one write for all that arrived together
+                yield "".join(map(reply.delta_chunk, deltas))
             if include_usage:
                 yield reply.chunk([], usage=True)
             yield "data: [DONE]\n\n"

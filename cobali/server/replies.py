@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as json_string
 
 from cobali.engine.request import Request as EngineRequest
 from cobali.server.engine_thread import Delta, Generation
@@ -52,6 +53,14 @@ class Kind:
             delta["tool_calls"] = [c.as_openai(i) for i, c in enumerate(calls)]
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
+    def text_chunk_choices(self, index: int, text: str) -> str:
+        """JSON of [chunk_choice(index, text, None, None)] for a non-empty text, from a template: most chunks
+        are just that, and rendering dicts costs ~40x more (a stream serves every token through here)."""
+        rest = ',"logprobs":null,"finish_reason":null}]'
+        if self.chat:
+            return f'[{{"index":{index},"delta":{{"content":{json_string(text)}}}{rest}'
+        return f'[{{"index":{index},"text":{json_string(text)}{rest}'
+
 
 COMPLETION, CHAT = Kind(chat=False), Kind(chat=True)
 
@@ -75,19 +84,25 @@ class Reply:
         self.prompt_tokens = prompt_tokens
         n = len(generation.requests)
         self._tool_streams = [ToolCallStream(set(kind.tool_names)) for _ in range(n)] if kind.tool_names else None
+        # A chunk is this envelope's JSON with the choices (and usage) appended: rendered once, not per chunk.
+        head = encode_json(self.envelope(kind.chunk_object, [], usage=False))
+        self._chunk_head = "data: " + head[: head.rindex("[")]
 
     def envelope(self, object_name: str, choices: list[dict], usage: bool) -> dict:
         body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
                 "choices": choices}
         if usage:
-            completion = sum(len(r.output_tokens) for r in self.generation.requests)
-            body["usage"] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                             "total_tokens": self.prompt_tokens + completion}
+            body["usage"] = self.usage()
         return body
 
-    def new_logprobs(self, index: int) -> dict | None:
-        """The logprobs of choice `index`'s tokens not reported yet (all of them, in a full response)."""
-        return self.logprobs.render_new(index, self.generation.requests[index]) if self.logprobs else None
+    def usage(self) -> dict:
+        completion = sum(len(r.output_tokens) for r in self.generation.requests)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
+
+    def new_logprobs(self, index: int, end: int | None = None) -> dict | None:
+        """The logprobs of choice `index`'s tokens not reported yet, up to token `end` (None: all of them)."""
+        return self.logprobs.render_new(index, self.generation.requests[index], end) if self.logprobs else None
 
     def echo(self, index: int) -> str:
         """The echoed prompt of choice `index` the first time it is asked for, then ''."""
@@ -109,6 +124,8 @@ class Reply:
                             "finish_reason": None} for i in range(len(self.generation.requests))])
 
     def delta_chunk(self, delta: Delta) -> str:
+        if self._is_plain(delta):
+            return f"{self._chunk_head}{self.kind.text_chunk_choices(delta.index, delta.text)}}}\n\n"
         request = self.generation.requests[delta.index]
         reason = finish_reason(request) if delta.finished else None
         text, calls = self.echo(delta.index) + delta.text, []
@@ -119,12 +136,23 @@ class Reply:
                 rest, calls = stream.finish()
                 text += rest
                 reason = "tool_calls" if calls else reason
-        choice = self.kind.chunk_choice(delta.index, text, reason, self.new_logprobs(delta.index), calls)
+        logprobs = self.new_logprobs(delta.index, delta.n_tokens)  # the engine may be tokens ahead by now
+        choice = self.kind.chunk_choice(delta.index, text, reason, logprobs, calls)
         return self.chunk([choice])
 
+    def _is_plain(self, delta: Delta) -> bool:
+        """Text alone: not the end, no logprobs, no tool calls to look for, no echo still to send."""
+        return (bool(delta.text) and not delta.finished and self.logprobs is None and self._tool_streams is None
+                and not (self._echoes and self._echoes[delta.index]))
+
     def chunk(self, choices: list[dict], usage: bool = False) -> str:
-        return sse(self.envelope(self.kind.chunk_object, choices, usage))
+        tail = f',"usage":{encode_json(self.usage())}}}' if usage else "}"
+        return f"{self._chunk_head}{encode_json(choices)}{tail}\n\n"
+
+
+# One encoder for all: json.dumps with options other than the defaults builds a new one on every call.
+encode_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    return f"data: {encode_json(payload)}\n\n"

@@ -45,7 +45,7 @@ def build_app(spec: EngineSpec, server: ServerConfig) -> FastAPI:
     if server.chat_template is not None:
         JinjaChatTemplate(server.chat_template)  # a template that does not compile fails here, not per request
     return create_app(spec.build_engine, model_name, server.max_queue, server.api_key, server.max_body_bytes,
-                      server.chat_template)
+                      server.chat_template, server.stream_interval)
 
 
 def serve(spec: EngineSpec, settings: ServerConfig) -> int:

@@ -22,6 +22,7 @@ from cobali import cli
     (["bench", "fidelity", "--prompts", "short_burst", "--system-prompt-file", "/nonexistent/s.txt"],
      "--system-prompt-file '/nonexistent/s.txt': No such file or directory"),
     (["bench", "fidelity", "--prompts", "short_burst", "--mode", "fast"], "invalid choice: 'fast'"),
+    (["serve", "--stream-interval", "0"], "--stream-interval: expected a positive integer, got 0"),
 ])
 def test_bad_flags_name_the_value(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:

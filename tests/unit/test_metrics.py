@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.request import FinishReason, Request, RequestState
@@ -14,6 +16,7 @@ from cobali.metrics import (
     summarize_timings,
     timing_from_times,
 )
+from cobali.server.metrics import BulkHistogram
 
 
 def finished_request(prompt_len: int, token_times: list[float], arrival: float = 10.0,
@@ -88,3 +91,16 @@ def test_summarize_equals_summarize_timings_over_request_timings() -> None:
                             failed=1, wall_s=1.5, user_cpu_s=0.5)
     assert direct == via
     assert direct["failed"] == 1
+
+
+def test_the_bulk_histogram_exposes_what_prometheus_histogram_does() -> None:
+    values = [0.0005, 0.001, 0.003, 0.005, 0.0051, 0.2, 3.0, 500.0]  # on bounds, between, below and above all
+    buckets = (0.001, 0.005, 0.25, 5.0)
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    histogram = Histogram("gaps", "Gaps.", buckets=buckets, registry=theirs)
+    for value in values:
+        histogram.observe(value)
+    bulk = BulkHistogram("gaps", "Gaps.", buckets, ours)
+    bulk.observe_many(np.array(values[:3]))
+    bulk.observe_many(np.array(values[3:]))
+    assert generate_latest(ours) == generate_latest(theirs)
