@@ -22,10 +22,11 @@ def test_the_kit_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     rows = summary["table2"]["rows"]
-    assert [r["config"] for r in rows] == ["seq", "static", "cont-split512", "cont-split256", "cont-split128"]
+    assert [r["config"] for r in rows] == ["seq", "static", "cont-split512", "cont-split256", "cont-split128",
+                                           "cont-split512-async"]
     assert rows[0]["speedup"] == 1.0 and all(r["output_tok_s"] > 0 for r in rows)
     assert 0 < summary["table2"]["host"]["host_share"] < 1
-    assert summary["peers"]["cobali"]["output_tok_s"] > 0
+    assert summary["peers"]["cobali"]["output_tok_s"] > 0 and summary["peers"]["cobali-async"]["output_tok_s"] > 0
     assert "llama-server (no --bin)" in summary["skipped"]
     assert "| cont-split128 |" in (out / "summary.md").read_text()
     assert (out / "kit.png").stat().st_size > 0
