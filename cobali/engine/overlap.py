@@ -1,10 +1,11 @@
 """Async scheduling: plan and fill tick t+1 while tick t's decode runs, so a fast device waits for no host work.
 
-llama_decode releases the GIL, so a decode runs on a thread of its own while the engine thread plans the next
-batch. At launch every request counts the token its row will sample as a stand-in (PENDING_TOKEN), so the
-next plan can already give it a decode row; when the decode returns, the sampled tokens replace the stand-ins,
-are written into the next batch's rows, and that batch launches at once. Streaming, stop checks and finishing
-then run beside the new decode. The price: a request that hits a stop string or an end-of-generation token
+The engine's thread runs the decodes back to back; llama_decode releases the GIL, so while one runs a host
+thread does the rest: it puts the last decode's tokens in place, streams them, finishes requests, and plans
+and fills the next batch. At that point each request counts the token the running decode will sample as a
+stand-in (PENDING_TOKEN), so the next plan already gives it a decode row; when the decode returns, the
+engine's thread samples, writes the tokens into those rows and launches the next batch at once. No thread has
+to wake up between two decodes. The price: a request that hits a stop string or an end-of-generation token
 rides one extra row, whose token is dropped. A request that reaches max_tokens or its context is known in
 advance and gets no such row.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,7 +52,7 @@ class TickHost(Protocol):
 
 @dataclass
 class Staged:
-    """A planned tick, its batch filled in one of the two buffers, maybe launched."""
+    """A planned tick, its batch filled in one of the two buffers."""
 
     plan: Plan
     arrays: BatchArrays
@@ -60,80 +61,94 @@ class Staged:
     start: float
     n_running: int
     n_waiting: int
-    launched: float = 0.0
-    decode: Future[np.ndarray] | None = None
-    decoded: float = 0.0  # when the device thread's decode returned
 
 
 class Pipeline:
-    """Drives an Engine's ticks two at a time: one decoding on the device thread, the next being planned."""
+    """Drives an Engine's ticks: the decodes on the calling thread, everything else beside them on a host
+    thread. Each step decodes one batch and returns its record; the host thread is idle between steps, so
+    token callbacks never run while the caller looks at what they left."""
 
     def __init__(self, engine: TickHost) -> None:
         self.engine = engine
         n_batch = engine.backend.info.n_batch
-        # Two buffers: the next batch is filled while the device thread's decode reads the other.
+        # Two buffers: the next batch is filled while the decode reads the other.
         self._buffers = [BatchArrays.zeros(n_batch), BatchArrays.zeros(n_batch)]
         # One more entry than slots: the last one takes the tokens of requests that lost their slot.
         self._token_of_slot = np.full(engine.backend.info.n_seq_max + 1, PENDING_TOKEN, dtype=np.int32)
-        self._device = ThreadPoolExecutor(1, thread_name_prefix="cobali-decode")
-        self._in_flight: Staged | None = None
-        # A decode that returns needs the GIL back from the engine thread, which by default keeps it up to
-        # 5 ms: as long as a GPU's decode step. (Process-wide; measured: 256 sleeping 5 ms decodes went from
-        # 6.4 to 5.5 ms each.)
+        self._host = ThreadPoolExecutor(1, thread_name_prefix="cobali-host")
+        self._ready: Staged | None = None  # planned, filled and fed: the next decode
+        self._unsettled: Sampled | None = None  # sampled by the last decode, not yet placed and streamed
+        # A returning decode needs the GIL back from the host thread, which by default keeps it up to 5 ms: as
+        # long as a GPU's decode step. (Process-wide; measured: 256 sleeping 5 ms decodes went from 6.4 to 5.5 ms.)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
     @property
     def in_flight(self) -> bool:
-        return self._in_flight is not None
+        return self._ready is not None or self._unsettled is not None
 
     def step(self) -> TickRecord | None:
-        if self._in_flight is None:
-            first = self._plan()
-            if first is None:
+        engine = self.engine
+        if self._ready is None:  # the first tick, or the pipeline ran dry: catch up here
+            self._catch_up()
+            self._ready, kv_ops = self._plan()
+            engine.run_kv_ops(kv_ops)
+            if self._ready is None:
+                engine.fail_unrunnable_head(engine.clock())
                 return None
-            self._launch(first)
-            self.engine.advance(first.plan, first.filled, pending=True)
-        current = self._in_flight
-        assert current is not None and current.decode is not None
-        upcoming = self._plan()
+        staged, self._ready = self._ready, None
+        host_work = self._host.submit(self._settle_and_plan, staged)
+        launched = engine.clock()
         try:
-            logits = current.decode.result()
+            engine.run_kv_ops(staged.plan.kv_ops)
+            b, n = staged.arrays, staged.filled.n_rows
+            logits = engine.backend.decode(b.tokens[:n], b.positions[:n], b.seq_ids[:n], b.want_logits[:n])
         except DecodeError as err:
-            return self._recover(current, upcoming, err)
-        decode_end = current.decoded
-        sampled = self.engine.sample(current.plan, current.filled, logits, current.finishes_before)
+            upcoming, kv_ops = host_work.result()
+            return self._recover(staged, upcoming, kv_ops, err, launched)
+        decoded = engine.clock()
+        upcoming, kv_ops = host_work.result()
+        engine.run_kv_ops(kv_ops)  # a next plan with no batch: its KV operations wait for no decode
+        sampled = engine.sample(staged.plan, staged.filled, logits, staged.finishes_before)
         if upcoming is not None:
             self._feed_sampled(upcoming, sampled)
-            self._launch(upcoming)
-            seconds = upcoming.launched - current.launched
-        else:
-            self._in_flight = None
-            seconds = self.engine.clock() - current.launched
-        self.engine.place_tokens(sampled)
-        if upcoming is not None:
-            self.engine.advance(upcoming.plan, upcoming.filled, pending=True)
-        self.engine.accept(sampled, self.engine.clock())
-        return self._close(current, decode_end, seconds)
+        self._ready, self._unsettled = upcoming, sampled
+        record = TickRecord(staged.plan, staged.start, launched, decoded, engine.clock(),
+                            n_running=staged.n_running, n_waiting=staged.n_waiting)
+        engine.close_tick(record, record.end - launched)  # what the clients wait: the host work is hidden
+        return record
 
-    def _plan(self) -> Staged | None:
-        """The next tick, planned on what the engine will know once the decode in flight is sampled. None when
-        nothing can run; its KV operations then run at once if no decode is in flight, else after it."""
+    def _settle_and_plan(self, staged: Staged) -> tuple[Staged | None, tuple[KvOp, ...]]:
+        """On the host thread, while `staged` decodes: the last decode's tokens put in place, staged's rows
+        counted (with stand-ins for what it samples), the last tokens streamed, and the next tick planned.
+        Streaming comes after the count: a request it finishes drops its stand-in with it."""
+        last, self._unsettled = self._unsettled, None
+        if last is not None:
+            self.engine.place_tokens(last)
+        self.engine.advance(staged.plan, staged.filled, pending=True)
+        if last is not None:
+            self.engine.accept(last, self.engine.clock())
+        return self._plan()
+
+    def _catch_up(self) -> None:
+        """With no decode running: place and stream the last decode's tokens here."""
+        last, self._unsettled = self._unsettled, None
+        if last is not None:
+            self.engine.place_tokens(last)
+            self.engine.accept(last, self.engine.clock())
+
+    def _plan(self) -> tuple[Staged | None, tuple[KvOp, ...]]:
+        """The next tick, planned on what the engine will know once the running decode is sampled, and its
+        batch filled; or None and the KV operations of a plan with no batch (run once no decode runs)."""
         engine = self.engine
         start = engine.clock()
         engine.take_submissions(start)
         plan = engine.scheduler.schedule(start)
         if plan.is_empty:
-            if self._in_flight is not None:
-                wait([self._in_flight.decode])  # the device must be idle before KV changes under it
-            engine.run_kv_ops(plan.kv_ops)
-            if self._in_flight is None:
-                engine.fail_unrunnable_head(start)
-            return None
+            return None, plan.kv_ops
         arrays = self._buffers[plan.tick % 2]
         filled = fill_batch(arrays, plan.rows, engine.requests, start)
         queues = engine.scheduler
-        return Staged(plan, arrays, filled, engine.n_finished, start, len(queues.running), len(queues.waiting))
-
+        return Staged(plan, arrays, filled, engine.n_finished, start, len(queues.running), len(queues.waiting)), ()
     def _feed_sampled(self, staged: Staged, sampled: Sampled) -> None:
         """Write the tokens just sampled over the stand-ins in the next batch's rows (by slot: a request has
         one row in it). A request whose sampler failed ends; its row gets any valid token and is dropped."""
@@ -149,31 +164,15 @@ class Pipeline:
         tokens[rows] = by_slot[seq_ids[rows]]
         assert (tokens >= 0).all(), "a row feeds a token no decode sampled"
 
-    def _launch(self, staged: Staged) -> None:
-        """Start the decode; the caller then counts its tokens (Engine.advance), once the last ones are placed."""
-        staged.launched = self.engine.clock()
-        staged.decode = self._device.submit(self._decode, staged)
-        self._in_flight = staged
-
-    def _decode(self, staged: Staged) -> np.ndarray:
-        """On the device thread: the plan's KV operations, then its batch."""
-        self.engine.run_kv_ops(staged.plan.kv_ops)
-        b, n = staged.arrays, staged.filled.n_rows
-        try:
-            return self.engine.backend.decode(b.tokens[:n], b.positions[:n], b.seq_ids[:n], b.want_logits[:n])
-        finally:
-            staged.decoded = self.engine.clock()
-
-    def _recover(self, failed: Staged, upcoming: Staged | None, err: DecodeError) -> TickRecord:
-        """The decode in flight failed, and the next plan assumed it had not: that plan never runs. Its KV
-        operations do; every request of either plan goes back to the queue to recompute (llama.cpp left
-        the KV as before the failed batch). As without overlap, a failure that is not a full KV, or a
-        lone request that cannot fit, fails the failed batch's requests."""
+    def _recover(self, failed: Staged, upcoming: Staged | None, kv_ops: tuple[KvOp, ...], err: DecodeError,
+                 launched: float) -> TickRecord:
+        """The decode failed, and the next plan assumed it had not: that plan never runs. Its KV operations
+        do; every request of either plan goes back to the queue to recompute (llama.cpp left the KV as
+        before the failed batch). As without overlap, a failure that is not a full KV, or a lone request
+        that cannot fit, fails the failed batch's requests."""
         engine = self.engine
-        now = failed.decoded
-        self._in_flight = None
-        if upcoming is not None:
-            engine.run_kv_ops(upcoming.plan.kv_ops)
+        now = engine.clock()
+        engine.run_kv_ops(upcoming.plan.kv_ops if upcoming is not None else kv_ops)
         in_batch = list({r.id: r for r in failed.filled.requests if not r.is_finished}.values())
         for request in in_batch:
             request.drop_pending_tokens()
@@ -183,10 +182,7 @@ class Pipeline:
         chunks = failed.plan.chunks + (upcoming.plan.chunks if upcoming is not None else ())
         for request_id in dict.fromkeys(c.request_id for c in chunks):
             engine.scheduler.preempt_newest(f"decode failed: {err}", among={request_id})
-        return self._close(failed, now, None)
-
-    def _close(self, staged: Staged, decode_end: float, seconds: float | None) -> TickRecord:
-        record = TickRecord(staged.plan, staged.start, staged.launched, decode_end, self.engine.clock(),
-                            n_running=staged.n_running, n_waiting=staged.n_waiting)
-        self.engine.close_tick(record, seconds)
+        record = TickRecord(failed.plan, failed.start, launched, now, engine.clock(),
+                            n_running=failed.n_running, n_waiting=failed.n_waiting)
+        engine.close_tick(record, None)
         return record
