@@ -73,11 +73,13 @@ class Pipeline:
         n_batch = engine.backend.info.n_batch
         # Two buffers: the next batch is filled while the decode reads the other.
         self._buffers = [BatchArrays.zeros(n_batch), BatchArrays.zeros(n_batch)]
+        self._fills = 0
         # One more entry than slots: the last one takes the tokens of requests that lost their slot.
         self._token_of_slot = np.full(engine.backend.info.n_seq_max + 1, PENDING_TOKEN, dtype=np.int32)
         self._host = ThreadPoolExecutor(1, thread_name_prefix="cobali-host")
         self._ready: Staged | None = None  # planned, filled and fed: the next decode
         self._unsettled: Sampled | None = None  # sampled by the last decode, not yet placed and streamed
+        self._unpublished: tuple[TickRecord, float] | None = None  # the last decode's record, and its cost
         # A returning decode needs the GIL back from the host thread, which by default keeps it up to 5 ms: as
         # long as a GPU's decode step. (Process-wide; measured: 256 sleeping 5 ms decodes went from 6.4 to 5.5 ms.)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
@@ -110,17 +112,20 @@ class Pipeline:
         engine.run_kv_ops(kv_ops)  # a next plan with no batch: its KV operations wait for no decode
         sampled = engine.sample(staged.plan, staged.filled, logits, staged.finishes_before)
         if upcoming is not None:
-            self._feed_sampled(upcoming, sampled)
+            self._feed_sampled(upcoming, staged, sampled)
         self._ready, self._unsettled = upcoming, sampled
         record = TickRecord(staged.plan, staged.start, launched, decoded, engine.clock(),
                             n_running=staged.n_running, n_waiting=staged.n_waiting)
-        engine.close_tick(record, record.end - launched)  # what the clients wait: the host work is hidden
+        # Published (learned from, recorded, handed to on_tick) by the host thread: its cost is what the clients
+        # wait, the host work being hidden.
+        self._unpublished = record, record.end - launched
         return record
 
     def _settle_and_plan(self, staged: Staged) -> tuple[Staged | None, tuple[KvOp, ...]]:
         """On the host thread, while `staged` decodes: the last decode's tokens put in place, staged's rows
         counted (with stand-ins for what it samples), the last tokens streamed, and the next tick planned.
         Streaming comes after the count: a request it finishes drops its stand-in with it."""
+        self._publish()
         last, self._unsettled = self._unsettled, None
         if last is not None:
             self.engine.place_tokens(last)
@@ -130,11 +135,17 @@ class Pipeline:
         return self._plan()
 
     def _catch_up(self) -> None:
-        """With no decode running: place and stream the last decode's tokens here."""
+        """With no decode running: publish the last decode's record, place and stream its tokens, here."""
+        self._publish()
         last, self._unsettled = self._unsettled, None
         if last is not None:
             self.engine.place_tokens(last)
             self.engine.accept(last, self.engine.clock())
+
+    def _publish(self) -> None:
+        if self._unpublished is not None:
+            self.engine.close_tick(*self._unpublished)
+            self._unpublished = None
 
     def _plan(self) -> tuple[Staged | None, tuple[KvOp, ...]]:
         """The next tick, planned on what the engine will know once the running decode is sampled, and its
@@ -145,19 +156,26 @@ class Pipeline:
         plan = engine.scheduler.schedule(start)
         if plan.is_empty:
             return None, plan.kv_ops
-        arrays = self._buffers[plan.tick % 2]
+        self._fills += 1  # alternate: the batch filled last may be the one decoding now
+        arrays = self._buffers[self._fills % 2]
         filled = fill_batch(arrays, plan.rows, engine.requests, start)
         queues = engine.scheduler
         return Staged(plan, arrays, filled, engine.n_finished, start, len(queues.running), len(queues.waiting)), ()
-    def _feed_sampled(self, staged: Staged, sampled: Sampled) -> None:
-        """Write the tokens just sampled over the stand-ins in the next batch's rows (by slot: a request has
-        one row in it). A request whose sampler failed ends; its row gets any valid token and is dropped."""
+    def _feed_sampled(self, staged: Staged, decoded: Staged, sampled: Sampled) -> None:
+        """Write the tokens just sampled (by `decoded`) over the stand-ins in the next batch's rows, by slot: a
+        request has one row in it. A request whose sampler failed ends; its row gets any valid token and is
+        dropped."""
         by_slot = self._token_of_slot
         by_slot.fill(PENDING_TOKEN)
-        tokens_sampled = [0 if t is None else t for t in sampled.tokens] if sampled.failures else sampled.tokens
-        slots = [-1 if r.slot is None else r.slot for r in sampled.requests]  # -1: preempted meanwhile
-        by_slot[slots] = tokens_sampled
-        by_slot[-1] = PENDING_TOKEN
+        if sampled.requests is decoded.filled.requests and not sampled.failures:
+            # Every row sampled (the steady decode tick): the slots are the decoded batch's sequence ids. A
+            # request that lost its slot meanwhile has no row to feed, and a new one in it feeds its prompt.
+            by_slot[decoded.arrays.seq_ids[: decoded.filled.n_rows]] = sampled.tokens
+        else:
+            tokens_sampled = [0 if t is None else t for t in sampled.tokens] if sampled.failures else sampled.tokens
+            slots = [-1 if r.slot is None else r.slot for r in sampled.requests]  # -1: preempted meanwhile
+            by_slot[slots] = tokens_sampled
+            by_slot[-1] = PENDING_TOKEN
         n = staged.filled.n_rows
         tokens, seq_ids = staged.arrays.tokens[:n], staged.arrays.seq_ids[:n]
         rows = np.flatnonzero(tokens == PENDING_TOKEN)
