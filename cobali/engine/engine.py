@@ -17,7 +17,7 @@ from cobali.engine.detok import TextStream
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv import SlotPool, run_kv_ops
 from cobali.engine.overlap import Pipeline
-from cobali.engine.plan import KvOp, Plan, TickRecord
+from cobali.engine.plan import Plan, TickRecord
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, Sampled
@@ -109,7 +109,7 @@ class Engine:
         start = self.clock()
         self.take_submissions(start)
         plan = self.scheduler.schedule(start)
-        self.run_kv_ops(plan.kv_ops)
+        run_kv_ops(self.backend, plan.kv_ops)
         if plan.is_empty:
             self.fail_unrunnable_head(start)
             return None
@@ -162,9 +162,6 @@ class Engine:
         if self.scheduler.waiting and not self.scheduler.running:
             head = self.scheduler.waiting[0]
             self.finish(head, FinishReason.ERROR, now, "the request does not fit in the KV cache")
-
-    def run_kv_ops(self, ops: tuple[KvOp, ...]) -> None:
-        run_kv_ops(self.backend, ops)
 
     def _recover(self, plan: Plan, err: DecodeError, now: float) -> None:
         """llama.cpp finding no KV slot preempts the batch's newest request, whatever the admission policy

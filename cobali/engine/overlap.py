@@ -22,6 +22,7 @@ import numpy as np
 
 from cobali.backends.base import Backend, BatchArrays, DecodeError
 from cobali.engine.batch_fill import Filled, fill_batch
+from cobali.engine.kv import run_kv_ops
 from cobali.engine.plan import KvOp, Plan, TickRecord
 from cobali.engine.request import PENDING_TOKEN, FinishReason, Request, Sampled
 from cobali.engine.scheduler import Scheduler
@@ -39,7 +40,6 @@ class TickHost(Protocol):
     n_finished: int
 
     def take_submissions(self, now: float) -> None: ...
-    def run_kv_ops(self, ops: tuple[KvOp, ...]) -> None: ...
     def fail_unrunnable_head(self, now: float) -> None: ...
     def advance(self, plan: Plan, filled: Filled, pending: bool = False) -> None: ...
     def sample(self, plan: Plan, filled: Filled, logits: np.ndarray, finishes_since: int | None = None
@@ -93,7 +93,7 @@ class Pipeline:
         if self._ready is None:  # the first tick, or the pipeline ran dry: catch up here
             self._catch_up()
             self._ready, kv_ops = self._plan()
-            engine.run_kv_ops(kv_ops)
+            run_kv_ops(engine.backend, kv_ops)
             if self._ready is None:
                 engine.fail_unrunnable_head(engine.clock())
                 return None
@@ -101,7 +101,7 @@ class Pipeline:
         host_work = self._host.submit(self._settle_and_plan, staged)
         launched = engine.clock()
         try:
-            engine.run_kv_ops(staged.plan.kv_ops)
+            run_kv_ops(engine.backend, staged.plan.kv_ops)
             b, n = staged.arrays, staged.filled.n_rows
             logits = engine.backend.decode(b.tokens[:n], b.positions[:n], b.seq_ids[:n], b.want_logits[:n])
         except DecodeError as err:
@@ -109,7 +109,7 @@ class Pipeline:
             return self._recover(staged, upcoming, kv_ops, err, launched)
         decoded = engine.clock()
         upcoming, kv_ops = host_work.result()
-        engine.run_kv_ops(kv_ops)  # a next plan with no batch: its KV operations wait for no decode
+        run_kv_ops(engine.backend, kv_ops)  # a next plan with no batch: its KV operations wait for no decode
         sampled = engine.sample(staged.plan, staged.filled, logits, staged.finishes_before)
         if upcoming is not None:
             self._feed_sampled(upcoming, staged, sampled)
@@ -190,7 +190,7 @@ class Pipeline:
         that cannot fit, fails the failed batch's requests."""
         engine = self.engine
         now = engine.clock()
-        engine.run_kv_ops(upcoming.plan.kv_ops if upcoming is not None else kv_ops)
+        run_kv_ops(engine.backend, upcoming.plan.kv_ops if upcoming is not None else kv_ops)
         in_batch = list({r.id: r for r in failed.filled.requests if not r.is_finished}.values())
         for request in in_batch:
             request.drop_pending_tokens()

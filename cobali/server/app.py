@@ -15,8 +15,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from cobali.engine.engine import Engine
 from cobali.server import chat, embeddings, openai_routes, responses
 from cobali.server.config import DEFAULT_MAX_BODY_BYTES
-from cobali.server.engine_thread import EngineThread, EngineUnavailable, QueueFull
+from cobali.server.engine_thread import EngineThread, QueueFull
 from cobali.server.errors import APIError, install_error_handlers, unavailable, unknown_model
+from cobali.server.generation import EngineUnavailable
 from cobali.server.limits import BodyLimit
 from cobali.server.metrics import ServerMetrics
 from cobali.server.state import ServerContext

@@ -20,14 +20,14 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import partial
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
-from cobali.engine.request import FinishReason, Request
+from cobali.engine.request import Request
+from cobali.server.generation import Delta, EngineUnavailable, Failure, Generation
 
 log = logging.getLogger("cobali.server")
 
@@ -40,10 +40,6 @@ class EngineState(enum.Enum):
     STOPPED = "stopped"
 
 
-class EngineUnavailable(Exception):
-    """The engine cannot take or finish this request (loading, failed, shutting down)."""
-
-
 class QueueFull(Exception):
     """More requests in flight than the slots plus the --max-queue limit."""
 
@@ -54,92 +50,6 @@ class Observer(Protocol):
     def attach(self, engine: Engine) -> None: ...
 
     def request_finished(self, request: Request) -> None: ...
-
-
-class Delta(NamedTuple):
-    index: int  # which request of the generation
-    text: str
-    finished: bool
-    n_tokens: int  # the request's output tokens when this text was handed over: its logprobs end there
-
-
-@dataclass
-class Failure:
-    message: str
-
-
-@dataclass(eq=False)  # identity semantics: generations go in sets
-class Generation:
-    """The engine requests behind one HTTP request (n choices), all reporting into one inbox."""
-
-    loop: asyncio.AbstractEventLoop
-    owner: EngineThread
-    requests: list[Request] = field(default_factory=list)
-    # per choice, on the engine thread: text not handed over yet, and output tokens when text last was
-    held: list[str] = field(default_factory=list, init=False)
-    sent_at: list[int] = field(default_factory=list, init=False)
-    _inbox: list[Delta | Failure] = field(default_factory=list, init=False)  # event loop only
-    _arrived: asyncio.Event = field(default_factory=asyncio.Event, init=False)
-
-    def add(self, request: Request) -> None:
-        self.requests.append(request)
-        self.held.append("")
-        self.sent_at.append(0)
-
-    def push(self, item: Delta | Failure) -> None:
-        """Called from the engine thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.put, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self.abort()
-
-    def put(self, item: Delta | Failure) -> None:
-        """On the event loop."""
-        self._inbox.append(item)
-        self._arrived.set()
-
-    def abort(self) -> None:
-        """End every unfinished request at the next tick; safe from any thread, a no-op once finished."""
-        for request in self.requests:
-            if not request.is_finished:
-                self.owner.abort(request.id)
-
-    async def batches(self) -> AsyncIterator[list[Delta]]:
-        """Text deltas until every request has finished, all those that arrived since the last batch at once.
-        Raises EngineUnavailable if the engine failed (after the deltas that came before the failure)."""
-        remaining = len(self.requests)
-        while remaining:
-            await self._arrived.wait()
-            self._arrived.clear()
-            items, self._inbox = self._inbox, []
-            batch: list[Delta] = []
-            for item in items:
-                problem = self._problem(item)
-                if problem is not None:
-                    if batch:
-                        yield batch
-                    raise problem
-                batch.append(item)
-                remaining -= item.finished
-            yield batch
-
-    async def events(self) -> AsyncIterator[Delta]:
-        """The deltas of batches(), one at a time."""
-        async for batch in self.batches():
-            for delta in batch:
-                yield delta
-
-    def _problem(self, item: Delta | Failure) -> EngineUnavailable | None:
-        if isinstance(item, Failure):
-            return EngineUnavailable(item.message)
-        if not item.finished:
-            return None
-        request = self.requests[item.index]
-        if request.finish_reason is FinishReason.ERROR:
-            return EngineUnavailable(f"generation failed: {request.error}")
-        if request.finish_reason is FinishReason.ABORT:  # shutdown (or a client already gone)
-            return EngineUnavailable("the request was aborted: the server is shutting down")
-        return None
 
 
 class EngineThread:

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
-from cobali.server.engine_thread import EngineUnavailable, Generation
 from cobali.server.errors import bad_request, unavailable, unknown_model
+from cobali.server.generation import EngineUnavailable, Generation
 from cobali.server.logprobs import LogprobWriter
 from cobali.server.replies import COMPLETION, Kind, Reply, sse
 from cobali.server.schemas import CompletionRequest, GenerationRequest, ModelLimits

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as json_string
 
 from cobali.engine.request import Request as EngineRequest
-from cobali.server.engine_thread import Delta, Generation
+from cobali.server.generation import Delta, Generation
 from cobali.server.logprobs import LogprobWriter
 from cobali.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 

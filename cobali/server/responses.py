@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cobali.engine.request import FinishReason
 from cobali.server.chat import chat_prompt
-from cobali.server.engine_thread import EngineUnavailable, Generation
 from cobali.server.errors import bad_request, unavailable
+from cobali.server.generation import EngineUnavailable, Generation
 from cobali.server.openai_routes import aborted_on_disconnect, served_engine, submit
 from cobali.server.responses_schemas import FunctionChoice, ResponsesRequest
 from cobali.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
