@@ -76,23 +76,24 @@ class Request:
         now as a stand-in, so the next tick can be planned before it is known)."""
         self.computed_tokens += n_tokens
         if pending_token:
-            if self.state is RequestState.PREFILL:
-                self.transition(RequestState.DECODE)
-            self.output_tokens.append(PENDING_TOKEN)
+            self._append_output(PENDING_TOKEN)
 
     def place_token(self, token: int | None) -> int:
         """A sampled token (None: its sampler failed) into the outputs, over its stand-in if `advance` left one.
         Returns the outputs up to and including it."""
         outputs = self.output_tokens
-        if token is None:
-            pass
-        elif outputs and outputs[-1] == PENDING_TOKEN:
-            outputs[-1] = token
-        else:
-            if self.state is RequestState.PREFILL:
-                self.transition(RequestState.DECODE)
-            outputs.append(token)
+        if token is not None:
+            if outputs and outputs[-1] == PENDING_TOKEN:
+                outputs[-1] = token
+            else:
+                self._append_output(token)
         return len(outputs)
+
+    def _append_output(self, token: int) -> None:
+        """The first output token ends the prefill."""
+        if self.state is RequestState.PREFILL:
+            self.transition(RequestState.DECODE)
+        self.output_tokens.append(token)
 
     def drop_pending_tokens(self) -> None:
         """Forget stand-ins for tokens that will never be taken (the request ends with a decode in flight)."""
