@@ -29,6 +29,7 @@ import time
 from host_overhead import NullBackend
 
 from cobali import Engine, EngineConfig, SamplingParams
+from cobali.engine.plan import TickRecord
 
 PROMPT = "a short prompt of some thirty-two characters"
 
@@ -81,17 +82,23 @@ def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
     engine = build_engine(concurrency, sleep_s, n_vocab, overlap=overlap)
     ticks: list[Tick] = []
     sampled: list[tuple[float, int]] = []
-    engine.on_tick = lambda r: (ticks.append((r.start, r.decode_start, r.decode_end, len(r.plan.chunks))),
-                                sampled.append((r.end, sum(c.yields_token for c in r.plan.chunks))))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+
+    def on_tick(r: TickRecord) -> None:
+        ticks.append((r.start, r.decode_start, r.decode_end, len(r.plan.chunks)))
+        sampled.append((r.end, sum(c.yields_token for c in r.plan.chunks)))
+        # Refilled here, on the thread that publishes ticks (the host thread with async scheduling): in the
+        # server, requests come from the event loop's thread, not from the one that launches the decodes.
+        for _ in range(concurrency - len(engine.requests)):
+            engine.add_request(PROMPT, params)
+
+    engine.on_tick = on_tick
     for _ in range(concurrency):
         engine.add_request(PROMPT, params)
     start = time.perf_counter()
     t0, t1 = start + seconds / 4, start + seconds  # the first quarter fills the slots: not measured
     while time.perf_counter() < t1:
         engine.step()
-        for _ in range(concurrency - len(engine.requests)):
-            engine.add_request(PROMPT, params)
     tokens = sum(n for t, n in sampled if t0 <= t < t1)
     return {"concurrency": concurrency, "path": "engine" + " async" * overlap, **measured(ticks, t0, t1, sleep_s),
             "tokens_per_s": tokens / (t1 - t0)}

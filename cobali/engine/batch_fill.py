@@ -16,6 +16,7 @@ class Filled(NamedTuple):
     n_rows: int
     requests: list[Request]  # each chunk's, in row order: the tick samples them, even one that ends meanwhile
     every_row_samples: bool  # one row per chunk and each yields a token: row i is logits row i is request i
+    argmax_only: bool  # every sampling row is read for its greedy token only (SamplingParams.needs_only_argmax)
 
 
 def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int, Request], now: float) -> Filled:
@@ -53,7 +54,7 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
     b.want_logits[np.array(argmax_ends, dtype=np.intp) - 1] = WANT_ARGMAX
     for span in every_row:  # prompt logprobs read these rows' logits, the chunk's sampling row included
         b.want_logits[span.start:span.stop] = WANT_LOGITS
-    return Filled(n, row_requests, len(ends) + len(argmax_ends) == n and not every_row)
+    return Filled(n, row_requests, len(ends) + len(argmax_ends) == n and not every_row, not ends)
 
 
 def sampling_rows(rows: tuple[Chunk, ...], row_requests: list[Request], logits: np.ndarray

@@ -50,6 +50,8 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.ticks: list[TickRecord] = []
         self.on_tick: Callable[[TickRecord], None] | None = None
+        # After a decode's tokens were streamed, on the thread that streamed them (async scheduling: the host's).
+        self.on_accepted: Callable[[], None] | None = None
         self._ids = itertools.count()
         self._texts: dict[int, TextStream] = {}
         self.n_finished = 0  # requests ended so far
@@ -186,6 +188,8 @@ class Engine:
         a request that ended since, while its row was in flight, is skipped."""
         if filled.every_row_samples and finishes_since in (None, self.n_finished):
             # The steady decode tick, in one pass: nobody ended, every row is its request's sampling row.
+            if filled.argmax_only:  # ... and greedy: one reduction, and nothing per request before the next decode
+                return Sampled(filled.requests, self.backend.argmax(logits), {})
             sampled, rows = filled.requests, list(range(filled.n_rows))
             out_rows = rows
         else:
@@ -199,6 +203,8 @@ class Engine:
 
     def place_tokens(self, sampled: Sampled) -> None:
         """Put the sampled tokens in their requests' outputs (over the stand-ins `advance` left, if any)."""
+        if isinstance(sampled.tokens, np.ndarray):
+            sampled.tokens = sampled.tokens.tolist()
         sampled.counts[:] = [r.place_token(t) for r, t in zip(sampled.requests, sampled.tokens, strict=True)]
 
     def accept(self, sampled: Sampled, now: float) -> None:
@@ -208,6 +214,8 @@ class Engine:
                 self.finish(request, FinishReason.ERROR, now, f"sampling failed: {sampled.failures[request.id]}")
             else:
                 self._accept(request, token, count, now)
+        if self.on_accepted is not None:
+            self.on_accepted()
 
     def _accept(self, request: Request, token: int, count: int, now: float) -> None:
         """count: the request's outputs up to and including this token (more may stand in line behind it)."""
@@ -217,21 +225,13 @@ class Engine:
         delta, hit_stop = "", False
         if stream.live and not is_eog:
             delta, hit_stop = stream.push(self.backend.token_bytes(token))
-        reason = self._finish_reason(request, is_eog or hit_stop, count)
+        reason = (FinishReason.STOP if is_eog or hit_stop
+                  else FinishReason.LENGTH if request.is_at_length(count, self.slots.accountant.seq_limit) else None)
         if reason is None:
             if request.id in self._callbacks:
                 self._emit(request, delta)
         else:
             self.finish(request, reason, now, delta=delta, flush=not hit_stop)
-
-    def _finish_reason(self, request: Request, stopped: bool, count: int) -> FinishReason | None:
-        if stopped:
-            return FinishReason.STOP
-        if count >= request.params.max_tokens:
-            return FinishReason.LENGTH
-        if len(request.prompt_tokens) + count >= self.slots.accountant.seq_limit:
-            return FinishReason.LENGTH
-        return None
 
     def finish(self, request: Request, reason: FinishReason, now: float, error: str | None = None,
                 delta: str = "", flush: bool = True) -> None:

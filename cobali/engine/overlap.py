@@ -61,6 +61,11 @@ class Staged:
     start: float
     n_running: int
     n_waiting: int
+    # Found while the decode before it runs, so that decode's return waits for less: the rows whose token it
+    # samples (PENDING_TOKEN stand-ins), their slots, and when it has a row per request, their rows in it.
+    feed_rows: np.ndarray
+    feed_slots: np.ndarray
+    feed_src: np.ndarray | None
 
 
 class Pipeline:
@@ -76,6 +81,7 @@ class Pipeline:
         self._fills = 0
         # One more entry than slots: the last one takes the tokens of requests that lost their slot.
         self._token_of_slot = np.full(engine.backend.info.n_seq_max + 1, PENDING_TOKEN, dtype=np.int32)
+        self._row_of_slot = np.empty(engine.backend.info.n_seq_max, dtype=np.intp)  # the host thread's
         self._host = ThreadPoolExecutor(1, thread_name_prefix="cobali-host")
         self._ready: Staged | None = None  # planned, filled and fed: the next decode
         self._unsettled: Sampled | None = None  # sampled by the last decode, not yet placed and streamed
@@ -125,6 +131,8 @@ class Pipeline:
         """On the host thread, while `staged` decodes: the last decode's tokens put in place, staged's rows
         counted (with stand-ins for what it samples), the last tokens streamed, and the next tick planned.
         Streaming comes after the count: a request it finishes drops its stand-in with it."""
+        # Checked here, not before the launch, where it would cost the time between two decodes.
+        assert (staged.arrays.tokens[: staged.filled.n_rows] >= 0).all(), "a row feeds a token no decode sampled"
         self._publish()
         last, self._unsettled = self._unsettled, None
         if last is not None:
@@ -132,7 +140,7 @@ class Pipeline:
         self.engine.advance(staged.plan, staged.filled, pending=True)
         if last is not None:
             self.engine.accept(last, self.engine.clock())
-        return self._plan()
+        return self._plan(staged)
 
     def _catch_up(self) -> None:
         """With no decode running: publish the last decode's record, place and stream its tokens, here."""
@@ -147,8 +155,8 @@ class Pipeline:
             self.engine.close_tick(*self._unpublished)
             self._unpublished = None
 
-    def _plan(self) -> tuple[Staged | None, tuple[KvOp, ...]]:
-        """The next tick, planned on what the engine will know once the running decode is sampled, and its
+    def _plan(self, decoding: Staged | None = None) -> tuple[Staged | None, tuple[KvOp, ...]]:
+        """The next tick, planned on what the engine will know once the `decoding` batch is sampled, and its
         batch filled; or None and the KV operations of a plan with no batch (run once no decode runs)."""
         engine = self.engine
         start = engine.clock()
@@ -159,28 +167,34 @@ class Pipeline:
         self._fills += 1  # alternate: the batch filled last may be the one decoding now
         arrays = self._buffers[self._fills % 2]
         filled = fill_batch(arrays, plan.rows, engine.requests, start)
+        feed_rows = np.flatnonzero(arrays.tokens[: filled.n_rows] == PENDING_TOKEN)
+        feed_slots = arrays.seq_ids[feed_rows]
+        feed_src = None
+        if decoding is not None and decoding.filled.every_row_samples:
+            n, row_of_slot = decoding.filled.n_rows, self._row_of_slot
+            row_of_slot.fill(-1)
+            row_of_slot[decoding.arrays.seq_ids[:n]] = np.arange(n)
+            feed_src = row_of_slot[feed_slots]
+            assert (feed_src >= 0).all(), "a stand-in for a token the running decode does not sample"
         queues = engine.scheduler
-        return Staged(plan, arrays, filled, engine.n_finished, start, len(queues.running), len(queues.waiting)), ()
+        return Staged(plan, arrays, filled, engine.n_finished, start, len(queues.running), len(queues.waiting),
+                      feed_rows, feed_slots, feed_src), ()
+
     def _feed_sampled(self, staged: Staged, decoded: Staged, sampled: Sampled) -> None:
-        """Write the tokens just sampled (by `decoded`) over the stand-ins in the next batch's rows, by slot: a
-        request has one row in it. A request whose sampler failed ends; its row gets any valid token and is
-        dropped."""
+        """Write the tokens just sampled (by `decoded`) over the stand-ins in the next batch's rows: a request
+        has one row in it. A request whose sampler failed ends; its row gets any valid token and is dropped."""
+        if sampled.requests is decoded.filled.requests and not sampled.failures:
+            # Every row sampled (the steady decode tick): a stand-in's token is at its decoded row. A request
+            # that lost its slot meanwhile has no row to feed, and a new one in it feeds its prompt.
+            staged.arrays.tokens[staged.feed_rows] = np.asarray(sampled.tokens)[staged.feed_src]
+            return
         by_slot = self._token_of_slot
         by_slot.fill(PENDING_TOKEN)
-        if sampled.requests is decoded.filled.requests and not sampled.failures:
-            # Every row sampled (the steady decode tick): the slots are the decoded batch's sequence ids. A
-            # request that lost its slot meanwhile has no row to feed, and a new one in it feeds its prompt.
-            by_slot[decoded.arrays.seq_ids[: decoded.filled.n_rows]] = sampled.tokens
-        else:
-            tokens_sampled = [0 if t is None else t for t in sampled.tokens] if sampled.failures else sampled.tokens
-            slots = [-1 if r.slot is None else r.slot for r in sampled.requests]  # -1: preempted meanwhile
-            by_slot[slots] = tokens_sampled
-            by_slot[-1] = PENDING_TOKEN
-        n = staged.filled.n_rows
-        tokens, seq_ids = staged.arrays.tokens[:n], staged.arrays.seq_ids[:n]
-        rows = np.flatnonzero(tokens == PENDING_TOKEN)
-        tokens[rows] = by_slot[seq_ids[rows]]
-        assert (tokens >= 0).all(), "a row feeds a token no decode sampled"
+        tokens_sampled = [0 if t is None else t for t in sampled.tokens] if sampled.failures else sampled.tokens
+        slots = [-1 if r.slot is None else r.slot for r in sampled.requests]  # -1: preempted meanwhile
+        by_slot[slots] = tokens_sampled
+        by_slot[-1] = PENDING_TOKEN
+        staged.arrays.tokens[staged.feed_rows] = by_slot[staged.feed_slots]
 
     def _recover(self, failed: Staged, upcoming: Staged | None, kv_ops: tuple[KvOp, ...], err: DecodeError,
                  launched: float) -> TickRecord:

@@ -6,6 +6,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cobali.backends.base import SamplingParams
 from cobali.engine.sampling import TokenLogprob
 
@@ -101,8 +103,11 @@ class Request:
             self.output_tokens.pop()
 
     def has_final_token(self, seq_limit: int) -> bool:
-        """Its last token is sampled or being sampled: no more rows for it (max_tokens or the context is reached)."""
-        n_out = len(self.output_tokens)  # inlined: this runs for every request every tick
+        """Its last token is sampled or being sampled: no more rows for it."""
+        return self.is_at_length(len(self.output_tokens), seq_limit)
+
+    def is_at_length(self, n_out: int, seq_limit: int) -> bool:
+        """n_out outputs are all it may have: max_tokens, or the context is full."""
         return n_out >= self.params.max_tokens or len(self.prompt_tokens) + n_out >= seq_limit
 
     @property
@@ -138,9 +143,11 @@ class Request:
 
 @dataclass
 class Sampled:
-    """One decode's samples, a token per request in output order: None where its sampler failed."""
+    """One decode's samples, a token per request in output order: None where its sampler failed. A steady
+    greedy tick keeps the backend's array of tokens until they are placed: converting it costs the time between
+    two decodes."""
 
     requests: list[Request]
-    tokens: list[int | None]
+    tokens: list[int | None] | np.ndarray
     failures: dict[int, str]  # the failed ones' messages, by request id
     counts: list[int] = field(default_factory=list)  # each request's outputs up to its token, once placed

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import gc
 import logging
 import threading
 import time
@@ -138,6 +139,10 @@ class EngineThread:
             return
         if self.observer is not None:
             self.observer.attach(engine)
+        settle_heap()
+        # With async scheduling the host thread streams a decode's tokens while the next decode runs: handed to
+        # the loop there, they go out a decode earlier, and the thread that launches decodes does less.
+        engine.on_accepted = self._hand_over
         self.engine = engine
         if self.state is EngineState.LOADING:
             self.state = EngineState.READY
@@ -172,6 +177,11 @@ class EngineThread:
 
     def _tick(self, engine: Engine) -> None:
         engine.step()
+        self._hand_over()  # what ended outside a decode's sampling: aborts, failures
+
+    def _hand_over(self) -> None:
+        """The deltas collected so far, to their event loops. Runs on one thread at a time: the engine's
+        between two steps, the host thread inside one."""
         if not self._outbox:
             return
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Generation, Delta]]] = {}
@@ -213,6 +223,16 @@ class EngineThread:
             self._outbox.append((generation, Delta(index, text, finished, n_tokens)))
         else:
             generation.held[index] = text
+
+
+def settle_heap() -> None:
+    """Once the model and the app are loaded: what exists now lives as long as the server, so it is frozen out
+    of the collector's scans, and a tick's thousands of short-lived objects start a pass every 50,000
+    allocations instead of 700. Measured with 256 streams on a 5 ms sleeping backend: the decode thread waited
+    less for the GIL, and the backend's busy share rose from 73-74 % to 85-86 % (bench/sleeping_backend.py)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def _deliver(items: list[tuple[Generation, Delta]]) -> None:

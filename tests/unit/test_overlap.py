@@ -3,7 +3,9 @@ whose logits depend only on a sequence's KV contents, so the outputs must be exa
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
 
 import pytest
 
@@ -13,6 +15,7 @@ from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import ChunkKind
 from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.server.engine_thread import EngineState, EngineThread
 
 
 def make_engine(overlap: bool, slots: int = 4, chunk: int = 512, **backend_kw) -> Engine:
@@ -118,3 +121,39 @@ def test_decode_rows_feed_the_token_sampled_the_tick_before() -> None:
     assert all(t >= 0 for batch in fed for t in batch)
     decode_ticks = [t for t in engine.ticks if all(c.kind is ChunkKind.DECODE for c in t.plan.chunks)]
     assert len(decode_ticks) == 5
+
+
+def test_async_scheduling_hands_a_token_to_its_stream_while_the_next_decode_runs() -> None:
+    """The host thread streams a decode's tokens during the next decode: a client has its first token before
+    the decode after it returns, not a decode later (the server hands tokens over from the host thread)."""
+    first_arrived = threading.Event()
+    arrived_in_time: list[bool] = []
+
+    class Recording(FakeBackend):
+        calls = 0
+
+        def decode(self, *args):
+            self.calls += 1
+            if self.calls == 2:  # the decode after the prefill that sampled the first token
+                arrived_in_time.append(first_arrived.wait(2.0))
+            return super().decode(*args)
+
+    def factory() -> Engine:
+        backend = Recording(n_seq_max=2, n_batch=64)
+        return Engine(backend, EngineConfig(max_slots=2, n_batch=64, async_scheduling=True))
+
+    async def client() -> str:
+        thread = EngineThread(factory)
+        thread.start()
+        while thread.state is EngineState.LOADING:
+            await asyncio.sleep(0.01)
+        generation = thread.submit([([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))])
+        text = ""
+        async for delta in generation.events():
+            first_arrived.set()
+            text += delta.text
+        thread.stop()
+        return text
+
+    assert asyncio.run(client())
+    assert arrived_in_time == [True]
