@@ -67,8 +67,8 @@ def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0)
                              f"(0 = fixed budget: --n-batch and --prefill-chunk-tokens; default {itl_target_ms:g})")
     parser.add_argument("--tpot-slo-ms", type=non_negative_float, default=0.0,
                         help="deadline budget: size each tick's prefill so every decoding request keeps its next "
-                             "token on a schedule of one per this many ms since its first (overrides "
-                             "--itl-target-ms; 0 = off)")
+                             "token on a schedule of one per this many ms since its first, and never below what "
+                             "--itl-target-ms allows (0 there: no floor; 0 here = off)")
     parser.add_argument("--itl-max-ms", type=non_negative_float, default=0.0,
                         help="with --tpot-slo-ms: no gap between two tokens longer than this, whatever slack a "
                              "request banked (0 = only the schedule and --n-batch bound it)")

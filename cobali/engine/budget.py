@@ -98,14 +98,16 @@ class DeadlineBudget:
     inside that bound, and never later than itl_max_s after its last token. Prefill gets the largest chunk
     whose predicted tick ends before the earliest such deadline. At light load decode ticks cost far less
     than the SLO, so the slack is large and a prompt goes in a few long chunks (few stalled gaps) instead
-    of many medium ones; under load the decode ticks eat the slack and prefill gets min_chunk. With
-    nothing decoding, a prompt is not chunked below n_batch."""
+    of many medium ones; under load the decode ticks eat the slack and prefill gets min_chunk, or what fits in
+    itl_floor_s (an ITL target kept as a floor: prompts still progress when no request has slack to lend).
+    With nothing decoding, a prompt is not chunked below n_batch."""
 
     costs: OnlineCostFit
     tpot_slo_s: float
     itl_max_s: float  # the hard bound on one gap; inf: only the SLO (and n_batch) bound it
     n_batch: int
     min_chunk: int = 32
+    itl_floor_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.tpot_slo_s > 0 and self.itl_max_s > 0):
@@ -127,7 +129,7 @@ class DeadlineBudget:
             return self.n_batch
         decodes = TickTerms(0, len(decoding), sum(r.n_context_tokens for r in decoding))
         decode_s = self.costs.predict(decodes)
-        slack = min(self.due(r, decode_s, now) for r in decoding) - now
+        slack = max(min(self.due(r, decode_s, now) for r in decoding) - now, self.itl_floor_s)
         return len(decoding) + prefill_within(slack, self.costs, self.n_batch, self.min_chunk, decodes, prefill_depth)
 
     def observe(self, terms: TickTerms, seconds: float) -> None:
@@ -151,12 +153,13 @@ def check_budget_settings(settings: BudgetSettings) -> None:
 
 def tick_budget(settings: BudgetSettings, costs: CostCoefficients | None, prefill_tile: int = 1) -> TickBudget:
     """costs: a profile that seeds the learned costs, or None to learn them from scratch. A TPOT SLO
-    (> 0) picks the deadline budget, bounded by itl_max_ms (0: unbounded); else an ITL target (> 0) the
-    adaptive one; else the fixed n_batch."""
+    (> 0) picks the deadline budget, bounded by itl_max_ms (0: unbounded), with the ITL target as its floor;
+    else an ITL target (> 0) the adaptive one; else the fixed n_batch."""
     n_batch, min_chunk = settings.n_batch, max(AdaptiveBudget.min_chunk, prefill_tile)
     if settings.tpot_slo_ms > 0:
         itl_max_s = settings.itl_max_ms / 1e3 if settings.itl_max_ms > 0 else float("inf")
-        return DeadlineBudget(OnlineCostFit(seed=costs), settings.tpot_slo_ms / 1e3, itl_max_s, n_batch, min_chunk)
+        return DeadlineBudget(OnlineCostFit(seed=costs), settings.tpot_slo_ms / 1e3, itl_max_s, n_batch, min_chunk,
+                              itl_floor_s=settings.itl_target_ms / 1e3)
     if settings.itl_target_ms <= 0:
         return FixedBudget(n_batch)
     return AdaptiveBudget(OnlineCostFit(seed=costs), settings.itl_target_ms / 1e3, n_batch, min_chunk)

@@ -155,3 +155,19 @@ def test_under_poisson_load_every_request_meets_the_slo_and_the_itl_bound() -> N
     assert max(t.tpot_ms for t in timings) <= 45
     # A chunk may take its prompt's short tail along past the budget: half a tile at most, 64 ms here.
     assert 250 < max(max(t.itl_ms) for t in timings) <= 300 + 64
+
+
+def test_the_itl_target_is_a_floor_when_no_request_has_slack() -> None:
+    late = decoding_request(100, (0.0, 0.2), max_tokens=3)  # its last token was due at 0.2
+    floored = DeadlineBudget(OnlineCostFit(PROFILE), 0.100, float("inf"), 512, itl_floor_s=0.100)
+    assert deadline(100).tokens([late], now=0.25) == 1 + 32
+    assert floored.tokens([late], now=0.25) == 1 + 42  # (100 - 15 ms of decode) / 2 ms
+    assert floored.tokens([late], now=0.0) == deadline(100).tokens([late], now=0.0)  # slack above the floor
+
+
+def test_the_deadline_flags_keep_the_itl_target_as_a_floor() -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser, itl_target_ms=250)
+    with_floor, without = (tick_budget(engine_config(parser.parse_args(["--tpot-slo-ms", "80", *flags])), PROFILE)
+                           for flags in ([], ["--itl-target-ms", "0"]))
+    assert (with_floor.itl_floor_s, without.itl_floor_s) == (0.25, 0.0)
