@@ -81,7 +81,7 @@ class Pipeline:
         self._fills = 0
         # One more entry than slots: the last one takes the tokens of requests that lost their slot.
         self._token_of_slot = np.full(engine.backend.info.n_seq_max + 1, PENDING_TOKEN, dtype=np.int32)
-        self._row_of_slot = np.empty(engine.backend.info.n_seq_max, dtype=np.intp)  # the host thread's
+        self._row_of_slot = np.empty(engine.backend.info.n_seq_max, dtype=np.intp)  # _plan's scratch (host thread)
         self._host = ThreadPoolExecutor(1, thread_name_prefix="cobali-host")
         self._ready: Staged | None = None  # planned, filled and fed: the next decode
         self._unsettled: Sampled | None = None  # sampled by the last decode, not yet placed and streamed
@@ -186,6 +186,7 @@ class Pipeline:
         if sampled.requests is decoded.filled.requests and not sampled.failures:
             # Every row sampled (the steady decode tick): a stand-in's token is at its decoded row. A request
             # that lost its slot meanwhile has no row to feed, and a new one in it feeds its prompt.
+            assert staged.feed_src is not None, "planned beside a batch without a row per request"
             staged.arrays.tokens[staged.feed_rows] = np.asarray(sampled.tokens)[staged.feed_src]
             return
         by_slot = self._token_of_slot

@@ -144,8 +144,8 @@ class Request:
 @dataclass
 class Sampled:
     """One decode's samples, a token per request in output order: None where its sampler failed. A steady
-    greedy tick keeps the backend's array of tokens until they are placed: converting it costs the time between
-    two decodes."""
+    greedy tick keeps the backend's array of tokens until they are placed (Engine.place_tokens): converted
+    earlier, they would cost time between two decodes."""
 
     requests: list[Request]
     tokens: list[int | None] | np.ndarray
