@@ -114,6 +114,7 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
     import uvicorn
 
     from cobali.server.app import create_app
+    from cobali.server.serve import configure_logging
 
     engines: list[Engine] = []  # the server's metrics own on_tick: the engine records its ticks instead
 
@@ -130,7 +131,8 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
     # Passed only when set, so this file also runs on checkouts that predate it (PYTHONPATH=old/checkout).
     interval = {"stream_interval": stream_interval} if stream_interval != 1 else {}
     app = create_app(factory, "sleeping", max_queue=4 * concurrency, **interval)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    configure_logging()  # a line per request and uvicorn's access log, as `cobali serve` writes them
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="info")
 
 
 TEXT = re.compile(rb'"text":"(a*)"')  # the sleeping backend renders every token as "a": text length = tokens
@@ -195,21 +197,26 @@ def wait_healthy(port: int, timeout_s: float = 60) -> None:
 def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int, port: int,
                stream_interval: int, overlap: bool = False) -> dict:
     ticks_file = tempfile.mktemp(suffix=".json")
-    child = subprocess.Popen([sys.executable, __file__, "--child", str(port), "--concurrency", str(concurrency),
-                              "--sleep-ms", str(sleep_s * 1e3), "--n-vocab", str(n_vocab), "--ticks-file",
-                              ticks_file, "--stream-interval", str(stream_interval)]
-                             + ["--async-scheduling"] * overlap)
-    try:
-        wait_healthy(port)
-        start, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(child.pid), time.process_time()
-        arrivals = asyncio.run(stream_clients(port, concurrency, seconds, max_tokens))
-        wall = time.perf_counter() - start
-        server_cpu = (cpu_seconds(child.pid) - server_cpu) / wall
-        client_cpu = (time.process_time() - client_cpu) / wall
-        per_token_us = server_cpu * wall / max(1, sum(n for _, n in arrivals)) * 1e6
-    finally:
-        child.send_signal(__import__("signal").SIGUSR1)
-        child.wait(30)
+    with tempfile.TemporaryFile("w+") as log:  # the server's log lines (and access log), shown only if it fails
+        child = subprocess.Popen([sys.executable, __file__, "--child", str(port), "--concurrency", str(concurrency),
+                                  "--sleep-ms", str(sleep_s * 1e3), "--n-vocab", str(n_vocab), "--ticks-file",
+                                  ticks_file, "--stream-interval", str(stream_interval)]
+                                 + ["--async-scheduling"] * overlap, stdout=log, stderr=log)
+        try:
+            wait_healthy(port)
+            start, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(child.pid), time.process_time()
+            arrivals = asyncio.run(stream_clients(port, concurrency, seconds, max_tokens))
+            wall = time.perf_counter() - start
+            server_cpu = (cpu_seconds(child.pid) - server_cpu) / wall
+            client_cpu = (time.process_time() - client_cpu) / wall
+            per_token_us = server_cpu * wall / max(1, sum(n for _, n in arrivals)) * 1e6
+        except Exception:
+            log.seek(0)
+            print(log.read()[-4000:], file=sys.stderr)
+            raise
+        finally:
+            child.send_signal(__import__("signal").SIGUSR1)
+            child.wait(30)
     with open(ticks_file) as f:
         ticks = [tuple(t) for t in json.load(f)]
     os.unlink(ticks_file)

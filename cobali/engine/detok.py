@@ -1,4 +1,4 @@
-"""Incremental detokenization with stop strings.
+"""Incremental detokenization with stop strings, and when a request's text is handed on.
 
 Token pieces are bytes that may split a UTF-8 character, so they go through an incremental decoder.
 Text that could still become a stop string is held back, so a stop string is never emitted.
@@ -10,12 +10,17 @@ import codecs
 
 
 class TextStream:
-    """live=False: the owner pushes all the text at the end instead of token by token (nobody streams it)."""
+    """One request's output text. The engine pushes the bytes of output tokens `decoded` and on, as late as it
+    can: each token where stop strings must be checked, else only when text is due (every `interval` tokens
+    for a streamed request, the first text at once) or at the end."""
 
-    def __init__(self, stop: tuple[str, ...] = (), live: bool = True) -> None:
-        self.live = live
+    def __init__(self, stop: tuple[str, ...] = (), interval: int = 1) -> None:
+        assert interval >= 1, interval
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = stop
+        self.interval = interval
+        self.decoded = 0  # output tokens whose bytes are in the text
+        self.sent_at = 0  # output tokens when text was last taken (0: none yet)
         self._text = ""
         self._emitted = 0
 
@@ -23,19 +28,36 @@ class TextStream:
     def text(self) -> str:
         return self._text
 
-    def push(self, piece: bytes) -> tuple[str, bool]:
-        """Add a token's bytes. Returns (text now safe to emit, whether a stop string was hit)."""
+    @property
+    def checks_each_token(self) -> bool:
+        return bool(self._stop)
+
+    def is_due(self, n_tokens: int) -> bool:
+        """Is text owed to a reader, with n_tokens of output so far?"""
+        return self.sent_at == 0 or n_tokens - self.sent_at >= self.interval
+
+    def push(self, piece: bytes) -> bool:
+        """Add tokens' bytes; True when a stop string was hit (the text ends before it)."""
         self._text += self._decoder.decode(piece)
         if self._stop:
             cut = self._first_stop()
             if cut is not None:
                 self._text = self._text[:cut]
-                return self._release(cut), True
-        return self._release(len(self._text) - self._held_back()), False
+                return True
+        return False
 
-    def flush(self) -> str:
-        """End of output: whatever was held back is final text."""
-        self._text += self._decoder.decode(b"", final=True)
+    def take(self, n_tokens: int) -> str:
+        """The text now safe to emit, not emitted before; a non-empty take restarts the interval."""
+        delta = self._release(len(self._text) - self._held_back())
+        if delta:
+            self.sent_at = n_tokens
+        return delta
+
+    def close(self, stopped: bool) -> str:
+        """End of output: the rest of the text is final (after a stop string, the decoder's partial bytes
+        belong to text that was cut)."""
+        if not stopped:
+            self._text += self._decoder.decode(b"", final=True)
         return self._release(len(self._text))
 
     def _release(self, end: int) -> str:

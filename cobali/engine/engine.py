@@ -24,7 +24,8 @@ from cobali.engine.request import FinishReason, Request, Sampled
 from cobali.engine.sampling import RowSampler, token_logprob
 from cobali.engine.scheduler import Scheduler
 
-# Called after every sampled token and at finish: (request, text delta). Runs on the engine thread.
+# Called with a request's new text (every token, or every stream_interval tokens) and at finish: (request, text
+# delta). Runs on the thread that streams the tokens (with async scheduling, the host's).
 TokenCallback = Callable[[Request, str], None]
 
 
@@ -78,15 +79,15 @@ class Engine:
         return tokens
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    on_token: TokenCallback | None = None, arrival_time: float | None = None, priority: int = 0
-                    ) -> Request:
-        """Queue a request; thread-safe. Raises ValueError for a prompt that can never run."""
+                    on_token: TokenCallback | None = None, arrival_time: float | None = None, priority: int = 0,
+                    stream_interval: int = 1) -> Request:
+        """Queue a request; thread-safe. Raises ValueError for a prompt that can never run. on_token gets the new
+        text every stream_interval tokens (the first text at once), and at the end."""
         params = params or SamplingParams()
         request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority,
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
         self.requests[request.id] = request
-        # Text as tokens arrive only where someone reads it on the way (a stream, stop strings); else at the end.
-        self._texts[request.id] = TextStream(params.stop, live=on_token is not None or bool(params.stop))
+        self._texts[request.id] = TextStream(params.stop, stream_interval)
         if on_token is not None:
             self._callbacks[request.id] = on_token
         self._inbox.append(request)
@@ -222,20 +223,26 @@ class Engine:
         request.token_times.append(now)
         is_eog = token in self._eog_ids and not request.params.ignore_eos
         stream = self._texts[request.id]
-        delta, hit_stop = "", False
-        if stream.live and not is_eog:
-            delta, hit_stop = stream.push(self.backend.token_bytes(token))
+        callback = self._callbacks.get(request.id)
+        # Text is decoded only when someone reads it now: a due stream, or stop strings; else later or at the end.
+        due = callback is not None and stream.is_due(count)
+        hit_stop = not is_eog and (due or stream.checks_each_token) and self._decode_to(request, stream, count)
         reason = (FinishReason.STOP if is_eog or hit_stop
                   else FinishReason.LENGTH if request.is_at_length(count, self.slots.accountant.seq_limit) else None)
-        if reason is None:
-            if request.id in self._callbacks:
-                self._emit(request, delta)
-        else:
-            self.finish(request, reason, now, delta=delta, flush=not hit_stop)
+        if reason is not None:
+            self.finish(request, reason, now, stopped=hit_stop)
+        elif due and ((delta := stream.take(count)) or stream.interval == 1):
+            callback(request, delta)
+
+    def _decode_to(self, request: Request, stream: TextStream, end: int) -> bool:
+        """Push output tokens up to `end` into the request's text; True when a stop string was hit."""
+        tokens = request.output_tokens[stream.decoded : end]
+        stream.decoded = end
+        return bool(tokens) and stream.push(b"".join(map(self.backend.token_bytes, tokens)))
 
     def finish(self, request: Request, reason: FinishReason, now: float, error: str | None = None,
-                delta: str = "", flush: bool = True) -> None:
-        """End a request and free its slot and KV now. Held-back text is final unless a stop string cut it."""
+               stopped: bool = False) -> None:
+        """End a request and free its slot and KV now. stopped: a stop string cut its text."""
         request.drop_pending_tokens()
         request.finish(reason, now, error)
         del self.requests[request.id]
@@ -244,17 +251,11 @@ class Engine:
         self.scheduler.remove(request, keep_kv=reason in (FinishReason.STOP, FinishReason.LENGTH))
         self.sampler.forget(request.id)
         stream = self._texts.pop(request.id)
-        if not stream.live:  # nobody needed text on the way: render it once (an end-of-generation token is not text)
-            shown = request.output_tokens[:-1] if reason is FinishReason.STOP else request.output_tokens
-            stream.push(b"".join(map(self.backend.token_bytes, shown)))
-        if flush:
-            delta += stream.flush()
+        if not stopped:  # the text not decoded yet (an end-of-generation token is not text)
+            self._decode_to(request, stream, len(request.output_tokens) - (reason is FinishReason.STOP))
+        delta = stream.close(stopped)
         request.text = stream.text
-        self._emit(request, delta)
-        self._callbacks.pop(request.id, None)
-
-    def _emit(self, request: Request, delta: str) -> None:
-        callback = self._callbacks.get(request.id)
+        callback = self._callbacks.pop(request.id, None)
         if callback is not None:
             callback(request, delta)
 

@@ -6,11 +6,11 @@ tick's deltas, which hop back onto the loop in one call_soon_threadsafe per tick
 hundreds of streams, not one per token) into one inbox per HTTP request. A stream reads everything its inbox
 holds at once, so a loop that falls behind catches up in fewer, larger writes.
 
-With a stream interval N > 1 a request's text waits on the engine thread until N tokens have come since its
-last delta; its first text and its end never wait. Every delta costs the event loop a wake-up, a chunk and a
-socket write, so this trades smoothness for how many streams one loop can serve (SGLang's and vLLM's
---stream-interval). If the thread dies, every pending request is told so, and the server reports unhealthy
-instead of leaving clients hanging.
+With a stream interval N > 1 the engine hands a request's text over once N tokens have come since its last
+delta (and decodes it only then); its first text and its end never wait. Every delta costs the event loop a
+wake-up, a chunk and a socket write, so this trades smoothness for how many streams one loop can serve
+(SGLang's and vLLM's --stream-interval). If the thread dies, every pending request is told so, and the server
+reports unhealthy instead of leaving clients hanging.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class EngineThread:
             for index, (tokens, params) in enumerate(prompts):
                 on_token = partial(self._on_token, generation, index)
                 request = engine.add_request(tokens, params, on_token=on_token, arrival_time=arrival,
-                                             priority=priority)
+                                             priority=priority, stream_interval=self.stream_interval)
                 generation.add(request)
                 self._live[request.id] = generation
         self._wake.set()
@@ -214,15 +214,8 @@ class EngineThread:
                 self._live.pop(request.id, None)
             if self.observer is not None:
                 self.observer.request_finished(request)
-        text = generation.held[index] + delta
-        n_tokens = len(request.output_tokens)
-        due = finished or (text and (generation.sent_at[index] == 0  # the first text never waits
-                                     or n_tokens - generation.sent_at[index] >= self.stream_interval))
-        if due:
-            generation.held[index], generation.sent_at[index] = "", n_tokens
-            self._outbox.append((generation, Delta(index, text, finished, n_tokens)))
-        else:
-            generation.held[index] = text
+        if delta or finished:
+            self._outbox.append((generation, Delta(index, delta, finished, len(request.output_tokens))))
 
 
 def settle_heap() -> None:

@@ -39,16 +39,12 @@ class Generation:
     loop: asyncio.AbstractEventLoop
     owner: Aborter
     requests: list[Request] = field(default_factory=list)
-    # per choice, on the engine thread: text not handed over yet, and output tokens when text last was
-    held: list[str] = field(default_factory=list, init=False)
-    sent_at: list[int] = field(default_factory=list, init=False)
+    unfinished: int = field(default=0, init=False)  # requests whose final delta batches() has not yielded
     _inbox: list[Delta | Failure] = field(default_factory=list, init=False)  # event loop only
     _arrived: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     def add(self, request: Request) -> None:
         self.requests.append(request)
-        self.held.append("")
-        self.sent_at.append(0)
 
     def push(self, item: Delta | Failure) -> None:
         """Called from the engine thread."""
@@ -71,8 +67,8 @@ class Generation:
     async def batches(self) -> AsyncIterator[list[Delta]]:
         """Text deltas until every request has finished, all those that arrived since the last batch at once.
         Raises EngineUnavailable if the engine failed (after the deltas that came before the failure)."""
-        remaining = len(self.requests)
-        while remaining:
+        self.unfinished = len(self.requests)
+        while self.unfinished:
             await self._arrived.wait()
             self._arrived.clear()
             items, self._inbox = self._inbox, []
@@ -84,7 +80,7 @@ class Generation:
                         yield batch
                     raise problem
                 batch.append(item)
-                remaining -= item.finished
+                self.unfinished -= item.finished
             yield batch
 
     async def events(self) -> AsyncIterator[Delta]:

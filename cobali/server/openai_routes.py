@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
@@ -20,6 +21,21 @@ from cobali.server.state import ServerContext
 from cobali.server.unknown_fields import ignored_fields_headers
 
 router = APIRouter()
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events from a generator that watches for the client's disconnect itself
+    (aborted_on_disconnect). Starlette's StreamingResponse adds a second watcher under ASGI servers older than
+    spec 2.4 (uvicorn's is 2.3): a task group per request, whose cancel formats a task's repr. Measured with
+    256 short streams on a 5 ms sleeping backend, that was a tenth of the event loop's time."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[str], headers: dict[str, str]) -> None:
+        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.stream_response(send)
 
 
 @contextlib.asynccontextmanager
@@ -45,10 +61,10 @@ async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIter
             if (opening := reply.opening()) is not None:
                 yield opening
             async for deltas in reply.generation.batches():  # one write for all that arrived together
-                yield "".join(map(reply.delta_chunk, deltas))
-            if include_usage:
-                yield reply.chunk([], usage=True)
-            yield "data: [DONE]\n\n"
+                chunk = "".join(map(reply.delta_chunk, deltas))
+                if not reply.generation.unfinished:  # the last text: the stream's end rides in the same write
+                    chunk += (reply.chunk([], usage=True) if include_usage else "") + "data: [DONE]\n\n"
+                yield chunk
         except EngineUnavailable as err:  # headers are sent: report in-band, as OpenAI streams do
             yield sse(unavailable(str(err)).body())
 
@@ -100,8 +116,7 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, promp
                   None if echoes is None else [e for e in echoes for _ in range(body.n)])
     headers = ignored_fields_headers(body)
     if body.stream:
-        return StreamingResponse(_stream(http, reply, body.include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+        return EventStream(_stream(http, reply, body.include_usage), headers)
     async with aborted_on_disconnect(http, generation):
         async for _ in generation.events():
             pass

@@ -11,13 +11,13 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from cobali.engine.request import FinishReason
 from cobali.server.chat import chat_prompt
 from cobali.server.errors import bad_request, unavailable
 from cobali.server.generation import EngineUnavailable, Generation
-from cobali.server.openai_routes import aborted_on_disconnect, served_engine, submit
+from cobali.server.openai_routes import EventStream, aborted_on_disconnect, served_engine, submit
 from cobali.server.responses_schemas import FunctionChoice, ResponsesRequest
 from cobali.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 from cobali.server.unknown_fields import ignored_fields_headers
@@ -140,8 +140,7 @@ async def responses(body: ResponsesRequest, http: Request) -> Response:
     reply = ResponseObject(body, http.app.state.server.model_name, generation, len(prompt))
     headers = ignored_fields_headers(body)
     if body.stream:
-        return StreamingResponse(_events(http, reply), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+        return EventStream(_events(http, reply), headers)
     async with aborted_on_disconnect(http, generation):
         async for _ in generation.events():
             pass

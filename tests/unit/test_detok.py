@@ -5,9 +5,9 @@ from cobali.engine.detok import TextStream
 
 def feed(stream: TextStream, pieces: list[bytes]) -> tuple[list[str], bool]:
     out, hit = [], False
-    for piece in pieces:
-        delta, hit = stream.push(piece)
-        out.append(delta)
+    for n_tokens, piece in enumerate(pieces, 1):
+        hit = stream.push(piece)
+        out.append(stream.close(stopped=True) if hit else stream.take(n_tokens))
         if hit:
             break
     return out, hit
@@ -35,10 +35,20 @@ def test_held_back_prefix_is_released_when_it_turns_out_not_to_stop() -> None:
 def test_flush_releases_what_was_held() -> None:
     stream = TextStream(("END",))
     feed(stream, [b"abE"])
-    assert stream.flush() == "E" and stream.text == "abE"
+    assert stream.close(stopped=False) == "E" and stream.text == "abE"
 
 
 def test_earliest_of_several_stops_wins() -> None:
     stream = TextStream(("zz", "b"))
     out, hit = feed(stream, [b"azzb"])
     assert hit and stream.text == "a" and out == ["a"]
+
+
+def test_text_is_due_at_once_until_some_is_taken_then_every_interval_tokens() -> None:
+    stream = TextStream(interval=4)
+    assert stream.is_due(1)
+    stream.push(b"\xe2")  # the first byte of a character: nothing to take yet, so the text stays due
+    assert stream.take(1) == "" and stream.is_due(2)
+    stream.push(b"\x82\xac")
+    assert stream.take(2) == "€"
+    assert [stream.is_due(n) for n in (3, 4, 5, 6)] == [False, False, False, True]

@@ -78,6 +78,26 @@ def test_text_made_at_the_end_matches_the_streamed_text() -> None:
     assert r.finish_reason is FinishReason.ABORT and len(r.text) == len(r.output_tokens) > 0
 
 
+def test_a_stream_interval_hands_text_over_every_n_tokens_and_loses_none() -> None:
+    """The first text at once, then at least N tokens apart, and the end at once; the text decoded late is the
+    text decoded token by token, for requests ending on end-of-generation (a visible piece) and on length."""
+    prompts = [[1 + (i * 7) % 90 for i in range(n)] for n in range(1, 20)]
+    config = EngineConfig(max_slots=4, prefill_chunk_tokens=64, n_batch=128)
+    for params in (SamplingParams(max_tokens=40), SamplingParams(max_tokens=23, ignore_eos=True)):
+        reference = Engine(VisibleEogBackend(n_seq_max=4), config).generate(prompts, params)
+        engine = Engine(VisibleEogBackend(n_seq_max=4), config)
+        calls: dict[int, list[tuple[int, str, bool]]] = {}
+        keep = lambda r, d: calls.setdefault(r.id, []).append((len(r.output_tokens), d, r.is_finished))  # noqa: E731
+        live = [engine.add_request(p, params, on_token=keep, stream_interval=5) for p in prompts]
+        engine.run_until_done()
+        assert [r.text for r in live] == [r.text for r in reference]
+        for r in live:
+            counts = [n for n, _, finished in calls[r.id] if not finished]
+            assert "".join(d for _, d, _ in calls[r.id]) == r.text and calls[r.id][-1][2]
+            assert all(b - a >= 5 for a, b in zip(counts, counts[1:], strict=False)), counts
+            assert not counts or counts[0] == 1  # every token here has text: the first one is not held
+
+
 def test_context_full_ends_with_length() -> None:
     (r,) = make_engine(n_ctx_seq=20).generate([list(range(1, 16))], SamplingParams(max_tokens=50, ignore_eos=True))
     assert r.finish_reason is FinishReason.LENGTH and len(r.prompt_tokens) + len(r.output_tokens) == 20
