@@ -41,7 +41,7 @@ def timing_from_times(arrival: float, first_scheduled: float | None, token_times
     tpot = (times[-1] - times[0]) * 1e3 / (n - 1) if len(times) > 1 else None
     e2el = (finish - arrival) * 1e3 if finish is not None else None
     queue = (first_scheduled - arrival) * 1e3 if first_scheduled is not None else None
-    itl = tuple(float(d) * 1e3 for d in np.diff(times)) if len(times) > 1 else ()
+    itl = tuple((np.diff(times) * 1e3).tolist()) if len(times) > 1 else ()
     return RequestTiming(ttft, tpot, e2el, queue, itl)
 
 
