@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -87,14 +89,15 @@ def test_a_stream_interval_hands_text_over_every_n_tokens_and_loses_none() -> No
         reference = Engine(VisibleEogBackend(n_seq_max=4), config).generate(prompts, params)
         engine = Engine(VisibleEogBackend(n_seq_max=4), config)
         calls: dict[int, list[tuple[int, str, bool]]] = {}
-        keep = lambda r, d: calls.setdefault(r.id, []).append((len(r.output_tokens), d, r.is_finished))  # noqa: E731
+        keep = lambda r, d, into=calls: into.setdefault(r.id, []).append(  # noqa: E731
+            (len(r.output_tokens), d, r.is_finished))
         live = [engine.add_request(p, params, on_token=keep, stream_interval=5) for p in prompts]
         engine.run_until_done()
         assert [r.text for r in live] == [r.text for r in reference]
         for r in live:
             counts = [n for n, _, finished in calls[r.id] if not finished]
             assert "".join(d for _, d, _ in calls[r.id]) == r.text and calls[r.id][-1][2]
-            assert all(b - a >= 5 for a, b in zip(counts, counts[1:], strict=False)), counts
+            assert all(b - a >= 5 for a, b in itertools.pairwise(counts)), counts
             assert not counts or counts[0] == 1  # every token here has text: the first one is not held
 
 
