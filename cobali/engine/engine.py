@@ -25,8 +25,9 @@ from cobali.engine.sampling import RowSampler, token_logprob
 from cobali.engine.scheduler import Scheduler
 
 # Called with a request's new text (every token, or every stream_interval tokens) and at finish: (request, text
-# delta). Runs on the thread that streams the tokens (with async scheduling, the host's).
-TokenCallback = Callable[[Request, str], None]
+# delta, the outputs it covers: with async scheduling the request already holds a stand-in for the next one).
+# Runs on the thread that streams the tokens (with async scheduling, the host's).
+TokenCallback = Callable[[Request, str, int], None]
 
 
 class Engine:
@@ -232,7 +233,7 @@ class Engine:
         if reason is not None:
             self.finish(request, reason, now, stopped=hit_stop)
         elif due and ((delta := stream.take(count)) or stream.interval == 1):
-            callback(request, delta)
+            callback(request, delta, count)
 
     def _decode_to(self, request: Request, stream: TextStream, end: int) -> bool:
         """Push output tokens up to `end` into the request's text; True when a stop string was hit."""
@@ -257,7 +258,7 @@ class Engine:
         request.text = stream.text
         callback = self._callbacks.pop(request.id, None)
         if callback is not None:
-            callback(request, delta)
+            callback(request, delta, len(request.output_tokens))
 
     # ---- driving ----------------------------------------------------------------------------------
 
@@ -290,7 +291,7 @@ class Engine:
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
         """Generate one prompt on the caller's thread, yielding text as it is produced."""
         deltas: deque[str] = deque()
-        request = self.add_request(prompt, params, on_token=lambda _r, d: deltas.append(d))
+        request = self.add_request(prompt, params, on_token=lambda _r, d, _n: deltas.append(d))
         while not request.is_finished:
             self.step()
             while deltas:

@@ -207,7 +207,7 @@ class EngineThread:
         if loading and self.on_load_failed is not None:
             self.on_load_failed(message)
 
-    def _on_token(self, generation: Generation, index: int, request: Request, delta: str) -> None:
+    def _on_token(self, generation: Generation, index: int, request: Request, delta: str, n_tokens: int) -> None:
         finished = request.is_finished
         if finished:
             with self._lock:
@@ -215,7 +215,7 @@ class EngineThread:
             if self.observer is not None:
                 self.observer.request_finished(request)
         if delta or finished:
-            self._outbox.append((generation, Delta(index, delta, finished, len(request.output_tokens))))
+            self._outbox.append((generation, Delta(index, delta, finished, n_tokens)))
 
 
 def settle_heap() -> None:

@@ -42,7 +42,7 @@ def test_stop_string_ends_and_is_not_emitted() -> None:
     stop = free.text[10:12]
     deltas: list[str] = []
     r = engine.add_request("abc", SamplingParams(max_tokens=30, ignore_eos=True, stop=(stop,)),
-                           on_token=lambda _r, d: deltas.append(d))
+                           on_token=lambda _r, d, _n: deltas.append(d))
     engine.run_until_done()
     cut = free.text.index(stop)
     assert r.finish_reason is FinishReason.STOP
@@ -65,7 +65,7 @@ def test_text_made_at_the_end_matches_the_streamed_text() -> None:
         quiet, streamed = (Engine(VisibleEogBackend(n_seq_max=2), config) for _ in range(2))
         deltas: dict[int, list[str]] = {}
         done = quiet.generate(prompts, params)
-        keep = lambda r, d, into=deltas: into.setdefault(r.id, []).append(d)  # noqa: E731
+        keep = lambda r, d, _n, into=deltas: into.setdefault(r.id, []).append(d)  # noqa: E731
         live = [streamed.add_request(p, params, on_token=keep) for p in prompts]
         streamed.run_until_done()
         assert {r.finish_reason for r in done} == ({FinishReason.LENGTH} if params.ignore_eos else
@@ -89,8 +89,7 @@ def test_a_stream_interval_hands_text_over_every_n_tokens_and_loses_none() -> No
         reference = Engine(VisibleEogBackend(n_seq_max=4), config).generate(prompts, params)
         engine = Engine(VisibleEogBackend(n_seq_max=4), config)
         calls: dict[int, list[tuple[int, str, bool]]] = {}
-        keep = lambda r, d, into=calls: into.setdefault(r.id, []).append(  # noqa: E731
-            (len(r.output_tokens), d, r.is_finished))
+        keep = lambda r, d, n, into=calls: into.setdefault(r.id, []).append((n, d, r.is_finished))  # noqa: E731
         live = [engine.add_request(p, params, on_token=keep, stream_interval=5) for p in prompts]
         engine.run_until_done()
         assert [r.text for r in live] == [r.text for r in reference]

@@ -112,3 +112,17 @@ def test_the_flag_reaches_the_streams() -> None:
     args = parser.parse_args(["--stream-interval", "5"])
     app = build_app(engine_spec(args), server_config(args))  # the engine loads only when the app starts
     assert app.state.server.engine_thread.stream_interval == 5
+
+
+@pytest.mark.parametrize("interval", [1, INTERVAL])
+def test_with_async_scheduling_a_chunks_logprobs_are_those_of_its_text(interval: int) -> None:
+    """The host thread streams a decode's tokens after counting in the stand-ins of the next decode: a chunk
+    stamped with the request's output count then carried the logprob of a token whose text had not come yet."""
+    with TestClient(create_app(fake_engine(async_scheduling=True), "fake-model", stream_interval=interval)) as http:
+        wait_healthy(http)
+        client = OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
+        for _ in range(3):
+            for chunk in client.completions.create(model="fake-model", prompt="hello", max_tokens=24, stream=True,
+                                                   logprobs=0, temperature=0, extra_body={"ignore_eos": True}):
+                for choice in chunk.choices:  # every token of the fake model is one character
+                    assert len(choice.logprobs.tokens if choice.logprobs else []) == len(choice.text), choice
