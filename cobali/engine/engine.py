@@ -24,7 +24,7 @@ from cobali.engine.request import FinishReason, Request, Sampled
 from cobali.engine.sampling import RowSampler, token_logprob
 from cobali.engine.scheduler import Scheduler
 
-# Called with a request's new text (every token, or every stream_interval tokens) and at finish: (request, text
+# Called with a request's new text (as it comes, or every stream_interval tokens) and at finish: (request, text
 # delta, the outputs it covers: with async scheduling the request already holds a stand-in for the next one).
 # Runs on the thread that streams the tokens (with async scheduling, the host's).
 TokenCallback = Callable[[Request, str, int], None]
@@ -232,7 +232,7 @@ class Engine:
                   else FinishReason.LENGTH if request.is_at_length(count, self.slots.accountant.seq_limit) else None)
         if reason is not None:
             self.finish(request, reason, now, stopped=hit_stop)
-        elif due and ((delta := stream.take(count)) or stream.interval == 1):
+        elif due and (delta := stream.take(count)):
             callback(request, delta, count)
 
     def _decode_to(self, request: Request, stream: TextStream, end: int) -> bool:
