@@ -36,8 +36,11 @@ class TextStream:
         """Is text owed to a reader, with n_tokens of output so far?"""
         return self.sent_at == 0 or n_tokens - self.sent_at >= self.interval
 
-    def push(self, piece: bytes) -> bool:
-        """Add tokens' bytes; True when a stop string was hit (the text ends before it)."""
+    def push(self, piece: bytes, decoded: int | None = None) -> bool:
+        """Add tokens' bytes (decoded: the output tokens in the text with them); True when a stop string was hit
+        (the text ends before it)."""
+        if decoded is not None:
+            self.decoded = decoded
         self._text += self._decoder.decode(piece)
         if self._stop:
             cut = self._first_stop()

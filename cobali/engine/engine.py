@@ -238,8 +238,7 @@ class Engine:
     def _decode_to(self, request: Request, stream: TextStream, end: int) -> bool:
         """Push output tokens up to `end` into the request's text; True when a stop string was hit."""
         tokens = request.output_tokens[stream.decoded : end]
-        stream.decoded = end
-        return bool(tokens) and stream.push(b"".join(map(self.backend.token_bytes, tokens)))
+        return bool(tokens) and stream.push(b"".join(map(self.backend.token_bytes, tokens)), decoded=end)
 
     def finish(self, request: Request, reason: FinishReason, now: float, error: str | None = None,
                stopped: bool = False) -> None:
