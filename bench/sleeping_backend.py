@@ -44,12 +44,12 @@ class SleepingBackend(NullBackend):
         return super().decode(tokens, positions, seq_ids, want_logits)
 
 
-def build_engine(concurrency: int, sleep_s: float, n_vocab: int, record_ticks: bool = False,
-                 overlap: bool = False) -> Engine:
+def build_engine(concurrency: int, sleep_s: float, n_vocab: int, overlap: bool = False) -> Engine:
     backend = SleepingBackend(concurrency, sleep_s, n_vocab)
     # Passed only when set, so this file also runs on checkouts that predate it.
     overlapped = {"async_scheduling": True} if overlap else {}
-    config = EngineConfig(max_slots=concurrency, n_batch=backend.info.n_batch, record_ticks=record_ticks, **overlapped)
+    # As `cobali serve` runs it: each tick's record goes to on_tick, not into a list that the collector scans.
+    config = EngineConfig(max_slots=concurrency, n_batch=backend.info.n_batch, record_ticks=False, **overlapped)
     return Engine(backend, config)
 
 
@@ -116,15 +116,23 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
     from cobali.server.app import create_app
     from cobali.server.serve import configure_logging
 
-    engines: list[Engine] = []  # the server's metrics own on_tick: the engine records its ticks instead
+    ticks: list[Tick] = []
 
     def factory() -> Engine:
-        engines.append(build_engine(concurrency, sleep_s, n_vocab, record_ticks=True, overlap=overlap))
-        return engines[0]
+        engine = build_engine(concurrency, sleep_s, n_vocab, overlap=overlap)
+        close_tick = engine.close_tick
+
+        def keep_times(record: TickRecord, seconds: float | None) -> None:
+            # The server's metrics own on_tick: the times are taken on the way to it.
+            ticks.append((record.start, record.decode_start, record.decode_end, len(record.plan.chunks)))
+            close_tick(record, seconds)
+
+        engine.close_tick = keep_times  # type: ignore[method-assign]
+        return engine
 
     def dump(*_args) -> None:
         with open(ticks_file, "w") as f:
-            json.dump([(r.start, r.decode_start, r.decode_end, len(r.plan.chunks)) for r in engines[0].ticks], f)
+            json.dump(ticks, f)
         os._exit(0)
 
     signal.signal(signal.SIGUSR1, dump)
