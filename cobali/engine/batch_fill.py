@@ -12,10 +12,25 @@ from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_l
 from cobali.engine.request import Request, RequestState
 
 
+class PromptLogits(NamedTuple):
+    """A chunk whose every row's logits are read, for prompt logprobs."""
+
+    request: Request
+    start: int  # the chunk's first position
+    out_row: int  # its first row of the logits
+    n_rows: int
+
+
 class Filled(NamedTuple):
     n_rows: int
-    requests: list[Request]  # each chunk's, in row order: the tick samples them, even one that ends meanwhile
-    every_row_samples: bool  # one row per chunk and each yields a token: row i is logits row i is request i
+    requests: list[Request]  # each chunk's, in row order
+    # Found as the batch is filled, so that the decode's return waits for no pass over the rows: the requests
+    # that sample (each chunk that yields a token; the tick samples it, even one that ends meanwhile), their
+    # batch rows and their rows of the logits, in row order.
+    samplers: list[Request]
+    sample_rows: list[int]
+    out_rows: list[int]
+    prompt_logits: tuple[PromptLogits, ...]
     argmax_only: bool  # every sampling row is read for its greedy token only (SamplingParams.needs_only_argmax)
 
 
@@ -26,51 +41,51 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
     tokens: list[int] = []
     positions: list[int] = []
     seq_ids: list[int] = []
-    ends: list[int] = []  # the row after each sampling row whose logits the host reads
-    argmax_ends: list[int] = []  # ... and after each that needs only its greedy token
-    every_row: list[range] = []  # chunks whose every row wants logits (prompt logprobs)
+    samplers: list[Request] = []
+    sample_rows: list[int] = []
+    out_rows: list[int] = []
+    argmax_rows: list[int] = []  # the sampling rows read for their greedy token only
+    prompt_logits: list[PromptLogits] = []
+    every_row: list[range] = []  # the batch rows of the prompt_logits chunks
+    out = 0  # logits rows so far
     row_requests = [requests[chunk.request_id] for chunk in rows]
     for chunk, request in zip(rows, row_requests, strict=True):
         if chunk.n_tokens == 1 and request.state is RequestState.DECODE:
             tokens.append(request.output_tokens[-1])
             positions.append(chunk.start)
             seq_ids.append(chunk.slot)
+            out += 1
         else:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
             if wants_prompt_logits(request, chunk.start):
                 every_row.append(range(len(tokens), len(tokens) + chunk.n_tokens))
+                prompt_logits.append(PromptLogits(request, chunk.start, out, chunk.n_tokens))
+                out += chunk.n_tokens - chunk.yields_token  # the sampling row is counted below
             tokens += request.tokens_to_feed(chunk.n_tokens)
             positions += range(chunk.start, chunk.end)
             seq_ids += [chunk.slot] * chunk.n_tokens
+            out += chunk.yields_token
         if chunk.yields_token:
-            (argmax_ends if request.params.needs_only_argmax else ends).append(len(tokens))
+            samplers.append(request)
+            sample_rows.append(len(tokens) - 1)
+            out_rows.append(out - 1)
+            if request.params.needs_only_argmax:
+                argmax_rows.append(len(tokens) - 1)
     b, n = arrays, len(tokens)
     b.tokens[:n] = tokens
     b.positions[:n] = positions
     b.seq_ids[:n] = seq_ids
     b.want_logits[:n] = 0
-    b.want_logits[np.array(ends, dtype=np.intp) - 1] = WANT_LOGITS
-    b.want_logits[np.array(argmax_ends, dtype=np.intp) - 1] = WANT_ARGMAX
+    b.want_logits[sample_rows] = WANT_LOGITS
+    b.want_logits[argmax_rows] = WANT_ARGMAX
     for span in every_row:  # prompt logprobs read these rows' logits, the chunk's sampling row included
         b.want_logits[span.start:span.stop] = WANT_LOGITS
-    return Filled(n, row_requests, len(ends) + len(argmax_ends) == n and not every_row, not ends)
+    return Filled(n, row_requests, samplers, sample_rows, out_rows, tuple(prompt_logits),
+                  len(argmax_rows) == len(sample_rows) and not prompt_logits)
 
 
-def sampling_rows(rows: tuple[Chunk, ...], row_requests: list[Request], logits: np.ndarray
-                  ) -> tuple[list[Request], list[int], list[int]]:
-    """After the decode: the requests that sample (not those that ended meanwhile), their batch rows and their
-    rows of `logits`; records the prompt logprobs asked for on the way."""
-    sampled, batch_rows, out_rows, row, out = [], [], [], 0, 0  # out: logits rows used
-    for chunk, request in zip(rows, row_requests, strict=True):
-        row += chunk.n_tokens
-        if wants_prompt_logits(request, chunk.start):
-            record_prompt_logprobs(request, chunk.start, logits[out:out + chunk.n_tokens])
-            out += chunk.n_tokens
-        elif chunk.yields_token:
-            out += 1
-        if chunk.yields_token and not request.is_finished:
-            sampled.append(request)
-            batch_rows.append(row - 1)
-            out_rows.append(out - 1)
-    return sampled, batch_rows, out_rows
+def record_all_prompt_logprobs(filled: Filled, logits: np.ndarray) -> None:
+    """After the decode: the prompt logprobs its chunks asked for."""
+    for p in filled.prompt_logits:
+        record_prompt_logprobs(p.request, p.start, logits[p.out_row:p.out_row + p.n_rows])

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from cobali.backends.base import Backend, DecodeError, SamplingParams
-from cobali.engine.batch_fill import Filled, fill_batch, sampling_rows
+from cobali.engine.batch_fill import Filled, fill_batch, record_all_prompt_logprobs
 from cobali.engine.budget import tick_budget
 from cobali.engine.costfit import CostCoefficients, TickTerms
 from cobali.engine.detok import TextStream
@@ -56,7 +56,7 @@ class Engine:
         self.on_accepted: Callable[[], None] | None = None
         self._ids = itertools.count()
         self._texts: dict[int, TextStream] = {}
-        self.n_finished = 0  # requests ended so far
+        self.n_cut = 0  # requests that ended while a decode in flight sampled their next token (async scheduling)
         self._n_logprobs = 0  # requests taken in and not finished that report sampled tokens' logprobs
         self._callbacks: dict[int, TokenCallback] = {}
         # Other threads hand over work through these; deque append/popleft are atomic.
@@ -131,7 +131,7 @@ class Engine:
         else:
             decode_end = self.clock()
             self.advance(plan, filled)
-            sampled = self.sample(plan, filled, logits)
+            sampled = self.sample(filled, logits)
             self.place_tokens(sampled)
             self.accept(sampled, decode_end)
             decoded = True
@@ -184,18 +184,17 @@ class Engine:
         for chunk, request in zip(plan.rows, filled.requests, strict=True):
             request.advance(chunk.n_tokens, pending and chunk.yields_token)
 
-    def sample(self, plan: Plan, filled: Filled, logits: np.ndarray, finishes_since: int | None = None) -> Sampled:
+    def sample(self, filled: Filled, logits: np.ndarray, cut_since: int | None = None) -> Sampled:
         """Sample every request at its row, and record the logprobs asked for; reads the logits, so it runs
-        before the next decode. finishes_since (async scheduling): self.n_finished when the batch was filled;
-        a request that ended since, while its row was in flight, is skipped."""
-        if filled.every_row_samples and finishes_since in (None, self.n_finished):
-            # The steady decode tick, in one pass: nobody ended, every row is its request's sampling row.
-            if filled.argmax_only:  # ... and greedy: one reduction, and nothing per request before the next decode
-                return Sampled(filled.requests, self.backend.argmax(logits), {})
-            sampled, rows = filled.requests, list(range(filled.n_rows))
-            out_rows = rows
-        else:
-            sampled, rows, out_rows = sampling_rows(plan.rows, filled.requests, logits)
+        before the next decode. cut_since (async scheduling): self.n_cut when the batch was filled; a request
+        that ended since, while its row was in flight, is skipped."""
+        record_all_prompt_logprobs(filled, logits)
+        sampled, rows, out_rows = filled.samplers, filled.sample_rows, filled.out_rows
+        if cut_since not in (None, self.n_cut):
+            keep = [i for i, request in enumerate(sampled) if not request.is_finished]
+            sampled, rows, out_rows = [sampled[i] for i in keep], [rows[i] for i in keep], [out_rows[i] for i in keep]
+        elif filled.argmax_only:  # greedy, no logprobs: one reduction, and nothing per request before the next decode
+            return Sampled(sampled, self.backend.argmax(logits), {})
         tokens, failures = self.sampler.sample(logits, sampled, rows, out_rows)
         if self._n_logprobs:
             for request, token, out_row in zip(sampled, tokens, out_rows, strict=True):
@@ -243,10 +242,9 @@ class Engine:
     def finish(self, request: Request, reason: FinishReason, now: float, error: str | None = None,
                stopped: bool = False) -> None:
         """End a request and free its slot and KV now. stopped: a stop string cut its text."""
-        request.drop_pending_tokens()
+        self.n_cut += request.drop_pending_tokens()
         request.finish(reason, now, error)
         del self.requests[request.id]
-        self.n_finished += 1
         self._n_logprobs -= request.params.logprobs is not None
         self.scheduler.remove(request, keep_kv=reason in (FinishReason.STOP, FinishReason.LENGTH))
         self.sampler.forget(request.id)

@@ -37,13 +37,12 @@ class TickHost(Protocol):
     clock: Callable[[], float]
     requests: dict[int, Request]
     scheduler: Scheduler
-    n_finished: int
+    n_cut: int
 
     def take_submissions(self, now: float) -> None: ...
     def fail_unrunnable_head(self, now: float) -> None: ...
     def advance(self, plan: Plan, filled: Filled, pending: bool = False) -> None: ...
-    def sample(self, plan: Plan, filled: Filled, logits: np.ndarray, finishes_since: int | None = None
-               ) -> Sampled: ...
+    def sample(self, filled: Filled, logits: np.ndarray, cut_since: int | None = None) -> Sampled: ...
     def place_tokens(self, sampled: Sampled) -> None: ...
     def accept(self, sampled: Sampled, now: float) -> None: ...
     def finish(self, request: Request, reason: FinishReason, now: float, error: str | None = None) -> None: ...
@@ -57,12 +56,13 @@ class Staged:
     plan: Plan
     arrays: BatchArrays
     filled: Filled
-    finishes_before: int  # the engine's n_finished when the batch was filled
+    cuts_before: int  # the engine's n_cut when the batch was filled
     start: float
     n_running: int
     n_waiting: int
     # Found while the decode before it runs, so that decode's return waits for less: the rows whose token it
-    # samples (PENDING_TOKEN stand-ins), their slots, and when it has a row per request, their rows in it.
+    # samples (PENDING_TOKEN stand-ins), their slots, and each one's place among its samplers (None when the
+    # plan preempted a request: it may have come back in another slot).
     feed_rows: np.ndarray
     feed_slots: np.ndarray
     feed_src: np.ndarray | None
@@ -116,7 +116,7 @@ class Pipeline:
         decoded = engine.clock()
         upcoming, kv_ops = host_work.result()
         run_kv_ops(engine.backend, kv_ops)  # a next plan with no batch: its KV operations wait for no decode
-        sampled = engine.sample(staged.plan, staged.filled, logits, staged.finishes_before)
+        sampled = engine.sample(staged.filled, logits, staged.cuts_before)
         if upcoming is not None:
             self._feed_sampled(upcoming, staged, sampled)
         self._ready, self._unsettled = upcoming, sampled
@@ -161,6 +161,7 @@ class Pipeline:
         engine = self.engine
         start = engine.clock()
         engine.take_submissions(start)
+        preemptions = engine.scheduler.preemptions
         plan = engine.scheduler.schedule(start)
         if plan.is_empty:
             return None, plan.kv_ops
@@ -170,23 +171,22 @@ class Pipeline:
         feed_rows = np.flatnonzero(arrays.tokens[: filled.n_rows] == PENDING_TOKEN)
         feed_slots = arrays.seq_ids[feed_rows]
         feed_src = None
-        if decoding is not None and decoding.filled.every_row_samples:
-            n, row_of_slot = decoding.filled.n_rows, self._row_of_slot
+        if decoding is not None and engine.scheduler.preemptions == preemptions:
+            samplers, row_of_slot = decoding.filled.sample_rows, self._row_of_slot
             row_of_slot.fill(-1)
-            row_of_slot[decoding.arrays.seq_ids[:n]] = np.arange(n)
+            row_of_slot[decoding.arrays.seq_ids[samplers]] = np.arange(len(samplers))
             feed_src = row_of_slot[feed_slots]
             assert (feed_src >= 0).all(), "a stand-in for a token the running decode does not sample"
         queues = engine.scheduler
-        return Staged(plan, arrays, filled, engine.n_finished, start, len(queues.running), len(queues.waiting),
+        return Staged(plan, arrays, filled, engine.n_cut, start, len(queues.running), len(queues.waiting),
                       feed_rows, feed_slots, feed_src), ()
 
     def _feed_sampled(self, staged: Staged, decoded: Staged, sampled: Sampled) -> None:
         """Write the tokens just sampled (by `decoded`) over the stand-ins in the next batch's rows: a request
         has one row in it. A request whose sampler failed ends; its row gets any valid token and is dropped."""
-        if sampled.requests is decoded.filled.requests and not sampled.failures:
-            # Every row sampled (the steady decode tick): a stand-in's token is at its decoded row. A request
-            # that lost its slot meanwhile has no row to feed, and a new one in it feeds its prompt.
-            assert staged.feed_src is not None, "planned beside a batch without a row per request"
+        if sampled.requests is decoded.filled.samplers and not sampled.failures and staged.feed_src is not None:
+            # Every sampler sampled: a stand-in's token is at its request's place among them. A request that
+            # lost its slot meanwhile has no row to feed, and a new one in it feeds its prompt.
             staged.arrays.tokens[staged.feed_rows] = np.asarray(sampled.tokens)[staged.feed_src]
             return
         by_slot = self._token_of_slot
