@@ -42,9 +42,15 @@ class TickTerms:
     def of_plan(cls, plan: Plan) -> TickTerms:
         """A decode row at position p reads p KV tokens; a prefill chunk of n tokens starting at p reads
         n * p beyond itself."""
-        decodes = [c for c in plan.chunks if c.kind is ChunkKind.DECODE]
-        prefill_kv = sum(c.n_tokens * c.start for c in plan.chunks if c.kind is ChunkKind.PREFILL)
-        return cls(plan.n_prefill_tokens, len(decodes), sum(c.start for c in decodes), prefill_kv)
+        prefill = decode_rows = decode_kv = prefill_kv = 0
+        for chunk in plan.chunks:  # one pass: every tick, over hundreds of decode rows
+            if chunk.kind is ChunkKind.DECODE:
+                decode_rows += 1
+                decode_kv += chunk.start
+            else:
+                prefill += chunk.n_tokens
+                prefill_kv += chunk.n_tokens * chunk.start
+        return cls(prefill, decode_rows, decode_kv, prefill_kv)
 
     def vector(self) -> np.ndarray:
         x = (1.0, self.prefill_tokens, self.decode_rows, self.decode_kv_tokens, self.prefill_kv_tokens)

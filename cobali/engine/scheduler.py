@@ -102,6 +102,18 @@ class Scheduler:
                 self.accountant.hold(request.slot, need)
         return preempted
 
+    def _split_running(self) -> tuple[list[Request], list[Request]]:
+        """The running requests that generate another token this tick, and those whose prompt is being
+        prefilled; in one pass, as there are hundreds of them every tick."""
+        generating: list[Request] = []
+        prefilling: list[Request] = []
+        for request in self.running:
+            if request.state is RequestState.PREFILL:
+                prefilling.append(request)
+            elif self._generates_more(request):
+                generating.append(request)
+        return generating, prefilling
+
     def _generates_more(self, request: Request) -> bool:
         """A generating request that needs another row. With async scheduling a request whose final token a
         decode in flight is sampling is still running, and must not ride a row it never uses."""
@@ -121,18 +133,21 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> Plan:
         """now: the tick's start on the engine's clock (a deadline budget measures slack from it)."""
         self.tick += 1
-        generating = [r for r in self.running if self._generates_more(r)]
+        generating, prefilling = self._split_running()
         preempted = self._grow_decodes(generating)
+        if preempted:  # the victims are queued again
+            generating = [r for r in generating if r.slot is not None]
+            prefilling = [r for r in prefilling if r.slot is not None]
         fit_policy = ReserveKv() if self._backing_off() else self.kv
-        decoding = [r for r in generating if r.slot is not None]
-        depth = max((r.computed_tokens for r in self.running if r.state is RequestState.PREFILL), default=0)
-        budget = self.budget.tokens(decoding, depth, now)
-        tick = TickBuilder(self._queues, self.tick, budget, decoding, may_admit=not preempted, fit_policy=fit_policy)
+        depth = max((r.computed_tokens for r in prefilling), default=0)
+        budget = self.budget.tokens(generating, depth, now)
+        tick = TickBuilder(self._queues, self.tick, budget, generating, prefilling, may_admit=not preempted,
+                           fit_policy=fit_policy)
         self.batch.compose(tick)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
         # free only because this tick's token budget or KV ran out are not waste.
         wasted = max(0, min(self.slots.n_free, len(self.waiting)) - tick.allowance)
-        awaiting_last = all(r.state is RequestState.DECODE and not self._generates_more(r) for r in self.running)
-        assert tick.chunks or awaiting_last, "running requests but an empty plan: the engine would spin"
+        assert tick.chunks or all(r.state is RequestState.DECODE and not self._generates_more(r)
+                                  for r in self.running), "running requests but an empty plan: the engine would spin"
         return Plan(self.tick, tuple(tick.chunks), tuple(tick.admitted), wasted, tuple(preempted),
                     kv_ops=self.slots.take_kv_ops())
