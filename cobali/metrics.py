@@ -25,23 +25,24 @@ class RequestTiming:
     itl_ms: tuple[float, ...]
 
 
-def request_timing(request: Request) -> RequestTiming:
+def request_timing(request: Request, with_itl: bool = True) -> RequestTiming:
     return timing_from_times(request.arrival_time, request.first_scheduled_time, request.token_times,
-                             request.finish_time)
+                             request.finish_time, with_itl=with_itl)
 
 
 def timing_from_times(arrival: float, first_scheduled: float | None, token_times: Sequence[float],
-                      finish: float | None, n_tokens: int | None = None) -> RequestTiming:
+                      finish: float | None, n_tokens: int | None = None, with_itl: bool = True) -> RequestTiming:
     """Latencies from raw timestamps (seconds). `n_tokens` is the output length when it exceeds the
     number of timestamps, as for a streaming client that gets several tokens in one chunk; TPOT then
-    spreads the time after the first token over the real count."""
+    spreads the time after the first token over the real count. with_itl=False leaves itl_ms empty (a log
+    line reads none of it)."""
     times = token_times
     n = max(n_tokens or 0, len(times))
     ttft = (times[0] - arrival) * 1e3 if times else None
     tpot = (times[-1] - times[0]) * 1e3 / (n - 1) if len(times) > 1 else None
     e2el = (finish - arrival) * 1e3 if finish is not None else None
     queue = (first_scheduled - arrival) * 1e3 if first_scheduled is not None else None
-    itl = tuple((np.diff(times) * 1e3).tolist()) if len(times) > 1 else ()
+    itl = tuple((np.diff(times) * 1e3).tolist()) if with_itl and len(times) > 1 else ()
     return RequestTiming(ttft, tpot, e2el, queue, itl)
 
 

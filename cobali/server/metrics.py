@@ -166,7 +166,7 @@ def merge_expositions(texts: Mapping[str, str], label: str = "replica") -> bytes
 
 def timings_line(request: Request) -> str:
     """One line per request, like llama-server's print_timings: queue, prefill, decode, total."""
-    timing = request_timing(request)
+    timing = request_timing(request, with_itl=False)
     n_prompt, n_out = len(request.prompt_tokens), len(request.output_tokens)
     reason = request.finish_reason.value if request.finish_reason else "?"
     parts = [f"request {request.id} {reason}"]
