@@ -235,9 +235,10 @@ def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
             "server_cpu_us_per_token": per_token_us}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc): is the server or the client the limit?"""
-    with open(f"/proc/{pid}/stat") as f:
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU time of a process, or of one of its threads (native id), so far (Linux /proc): is the
+    server or the client the limit?"""
+    with open(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 

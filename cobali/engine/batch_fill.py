@@ -1,4 +1,4 @@
-"""Filling llama.cpp's batch for one tick, in one write per array, and finding each request's rows after."""
+"""Filling llama.cpp's batch for one tick, in one write per array, and finding there the rows that sample."""
 
 from __future__ import annotations
 

@@ -172,9 +172,9 @@ class Pipeline:
         feed_slots = arrays.seq_ids[feed_rows]
         feed_src = None
         if decoding is not None and engine.scheduler.preemptions == preemptions:
-            samplers, row_of_slot = decoding.filled.sample_rows, self._row_of_slot
+            rows, row_of_slot = decoding.filled.sample_rows, self._row_of_slot
             row_of_slot.fill(-1)
-            row_of_slot[decoding.arrays.seq_ids[samplers]] = np.arange(len(samplers))
+            row_of_slot[decoding.arrays.seq_ids[rows]] = np.arange(len(rows))
             feed_src = row_of_slot[feed_slots]
             assert (feed_src >= 0).all(), "a stand-in for a token the running decode does not sample"
         queues = engine.scheduler
