@@ -151,14 +151,15 @@ def check_budget_settings(settings: BudgetSettings) -> None:
             raise ValueError(f"{name} must be >= 0, got {getattr(settings, name)}")
 
 
-def tick_budget(settings: BudgetSettings, costs: CostCoefficients | None) -> TickBudget:
+def tick_budget(settings: BudgetSettings, costs: CostCoefficients | None, prefill_tile: int = 1) -> TickBudget:
     """costs: a profile that seeds the learned costs, or None to learn them from scratch. A TPOT SLO
     (> 0) picks the deadline budget, bounded by itl_max_ms (0: unbounded), with the ITL target as its floor;
     else an ITL target (> 0) the adaptive one; else the fixed n_batch."""
+    n_batch, min_chunk = settings.n_batch, max(AdaptiveBudget.min_chunk, prefill_tile)
     if settings.tpot_slo_ms > 0:
         itl_max_s = settings.itl_max_ms / 1e3 if settings.itl_max_ms > 0 else float("inf")
-        return DeadlineBudget(OnlineCostFit(seed=costs), settings.tpot_slo_ms / 1e3, itl_max_s, settings.n_batch,
+        return DeadlineBudget(OnlineCostFit(seed=costs), settings.tpot_slo_ms / 1e3, itl_max_s, n_batch, min_chunk,
                               itl_floor_s=settings.itl_target_ms / 1e3)
     if settings.itl_target_ms <= 0:
-        return FixedBudget(settings.n_batch)
-    return AdaptiveBudget(OnlineCostFit(seed=costs), settings.itl_target_ms / 1e3, settings.n_batch)
+        return FixedBudget(n_batch)
+    return AdaptiveBudget(OnlineCostFit(seed=costs), settings.itl_target_ms / 1e3, n_batch, min_chunk)

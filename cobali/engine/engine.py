@@ -44,7 +44,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
-            budget=tick_budget(config, costs),
+            budget=tick_budget(config, costs, backend.info.prefill_tile),
             prefill_tile=backend.info.prefill_tile,
         )
         self.sampler = RowSampler(backend)

@@ -65,13 +65,9 @@ class TickBuilder:
         self.admitted: list[int] = []
         self.allowance = 0
         self.chunk_tokens = queues.admission.chunk_tokens(queues.n_batch)
-        # The tile shapes chunks only while nobody decodes behind them: beside decode rows the tick's budget (an
-        # ITL target) wins, and a chunk or tail shorter than the tile is the price (12-27 % more per token here,
-        # at positions up to 500; growing chunks to the tile made ticks 40-60 % longer than a 250 ms target).
         # The tile never exceeds what the batch keeps free beside a full set of decodes, so prompts progress;
         # a chunk size set below the tile wins.
-        tile = min(queues.prefill_tile, self.chunk_tokens, queues.n_batch - queues.slots.max_slots)
-        self.tile = 1 if decoding else max(1, tile)
+        self.tile = max(1, min(queues.prefill_tile, self.chunk_tokens, queues.n_batch - queues.slots.max_slots))
 
     @property
     def is_empty(self) -> bool:
