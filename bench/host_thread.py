@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--stream-interval", type=int, default=16)
     args = parser.parse_args()
+    for name in ("concurrency", "seconds", "max_tokens", "stream_interval"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     with open(os.devnull, "w") as sink:
         logging.basicConfig(level=logging.INFO, stream=sink)  # the log lines are formatted and written, not kept
         measure(args)

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from cobali.backends.llama_cpp.backend import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.llama_cpp_config import DEFAULT_CTX_PER_SEQ, LlamaCppConfig
 
 Row = tuple[int, int, int, int]  # token, position, sequence, wants logits
 
@@ -51,6 +51,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    for name in ("sizes", "decode_rows", "threads", "repeat"):
+        values = getattr(args, name)
+        if min(values if isinstance(values, list) else [values]) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {values}")
+    if min(args.depths) < 0 or max(args.depths) + max(args.sizes) > DEFAULT_CTX_PER_SEQ:
+        parser.error(f"--depths and --sizes must stay within 0..{DEFAULT_CTX_PER_SEQ} positions, got {args.depths} "
+                     f"and {args.sizes}")
+    if max(args.sizes) + args.decode_rows > 512:
+        parser.error(f"a chunk and its decode rows must fit one 512-token batch, got {args.sizes}")
     backend = LlamaCppBackend(LlamaCppConfig(n_seq_max=args.decode_rows + 1, n_threads=args.threads))
     for s in range(1, args.decode_rows + 1):
         decode_ms(backend, [(100 + i, i, s, int(i == 199)) for i in range(200)])
