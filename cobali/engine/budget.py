@@ -5,6 +5,8 @@ model predicts the tick's time, and prefill gets as many tokens as fit under the
 once this tick's decode rows are paid for, priced at the depth of the deepest prompt being prefilled
 (a chunk deep into a long prompt attends to all of it). With nothing decoding there is no ITL to protect,
 so prefill takes the whole n_batch; with a long decode set it still gets min_chunk, so TTFT stays bounded.
+At light load the adaptive budget also lets prompts in whole while stalls are rare enough to stay out of
+the ITL tail (StallTail): a few long stalls then cost the tail nothing, where many target-sized ones fill it.
 Deadline: no fixed per-tick target; prefill gets the largest chunk whose predicted tick still delivers
 every decoding request's next token by its deadline (a TPOT SLO, see DeadlineBudget).
 
@@ -15,6 +17,7 @@ the smallest chunk that runs at full speed, a conservative fixed budget on any h
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,12 +53,45 @@ class FixedBudget:
         pass
 
 
+@dataclass
+class StallTail:
+    """Whether letting a prompt in whole (n_batch tokens a tick) keeps its stall out of the ITL tail.
+
+    A tick that prefills beside D decoding requests stalls D inter-token gaps. ITL p99 (as `vllm bench
+    serve` pools it over every gap) is a decode gap while fewer than 1 % of the gaps stall, and the stall's
+    length once more do. So at light load the tail is best served by few long stalls (prompts in whole, as
+    llama-server does), and under load by short ones (the ITL target). This counts the stalled gaps that
+    whole prompts would make, ceil(prompt / n_batch) ticks each, whatever the chunking really was, so the
+    choice does not feed back on itself; both counts fade over the last `horizon_gaps` gaps. Until 1 / tail_share
+    gaps have been seen nothing is rare: the target applies."""
+
+    n_batch: int
+    tail_share: float = 0.01
+    horizon_gaps: float = 4000.0
+    stalled: float = 0.0
+    gaps: float = 0.0
+
+    def observe(self, terms: TickTerms) -> None:
+        rows = terms.decode_rows
+        if rows == 0:
+            return  # a prompt with nobody decoding stalls no one
+        keep = math.exp(-rows / self.horizon_gaps)
+        whole_ticks = sum(-(-end // self.n_batch) for end in terms.prompt_ends)
+        self.stalled = self.stalled * keep + rows * whole_ticks
+        self.gaps = self.gaps * keep + rows
+
+    def is_rare(self, n_decode: int) -> bool:
+        """Would one more whole-prompt stall beside n_decode requests keep the stalled share under tail_share?"""
+        return self.stalled + n_decode < self.tail_share * self.gaps
+
+
 @dataclass(frozen=True)
 class AdaptiveBudget:
     costs: OnlineCostFit
     itl_target_s: float
     n_batch: int
     min_chunk: int = 32
+    tail: StallTail | None = None  # None: always the target
 
     def __post_init__(self) -> None:
         if self.itl_target_s <= 0:
@@ -64,6 +100,8 @@ class AdaptiveBudget:
     def prefill_tokens(self, n_decode: int, decode_kv_tokens: int, prefill_depth: int = 0) -> int:
         if n_decode == 0:
             return self.n_batch
+        if self.tail is not None and self.tail.is_rare(n_decode):
+            return self.n_batch - n_decode
         return prefill_within(self.itl_target_s, self.costs, self.n_batch, self.min_chunk,
                               TickTerms(0, n_decode, decode_kv_tokens), prefill_depth)
 
@@ -73,6 +111,8 @@ class AdaptiveBudget:
 
     def observe(self, terms: TickTerms, seconds: float) -> None:
         self.costs.observe(terms, seconds)
+        if self.tail is not None:
+            self.tail.observe(terms)
 
 
 def prefill_within(seconds: float, costs: OnlineCostFit, n_batch: int, min_chunk: int, decodes: TickTerms,
@@ -162,4 +202,5 @@ def tick_budget(settings: BudgetSettings, costs: CostCoefficients | None, prefil
                               itl_floor_s=settings.itl_target_ms / 1e3)
     if settings.itl_target_ms <= 0:
         return FixedBudget(n_batch)
-    return AdaptiveBudget(OnlineCostFit(seed=costs), settings.itl_target_ms / 1e3, n_batch, min_chunk)
+    return AdaptiveBudget(OnlineCostFit(seed=costs), settings.itl_target_ms / 1e3, n_batch, min_chunk,
+                          StallTail(n_batch))

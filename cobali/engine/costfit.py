@@ -37,12 +37,14 @@ class TickTerms:
     decode_rows: int
     decode_kv_tokens: int
     prefill_kv_tokens: int = 0
+    prompt_ends: tuple[int, ...] = ()  # the lengths of the prompts whose prefill ended this tick (no cost term)
 
     @classmethod
     def of_plan(cls, plan: Plan) -> TickTerms:
         """A decode row at position p reads p KV tokens; a prefill chunk of n tokens starting at p reads
         n * p beyond itself."""
         prefill = decode_rows = decode_kv = prefill_kv = 0
+        prompt_ends: list[int] = []
         for chunk in plan.chunks:  # one pass: every tick, over hundreds of decode rows
             if chunk.kind is ChunkKind.DECODE:
                 decode_rows += 1
@@ -50,7 +52,9 @@ class TickTerms:
             else:
                 prefill += chunk.n_tokens
                 prefill_kv += chunk.n_tokens * chunk.start
-        return cls(prefill, decode_rows, decode_kv, prefill_kv)
+                if chunk.yields_token:
+                    prompt_ends.append(chunk.start + chunk.n_tokens)
+        return cls(prefill, decode_rows, decode_kv, prefill_kv, tuple(prompt_ends))
 
     def vector(self) -> np.ndarray:
         x = (1.0, self.prefill_tokens, self.decode_rows, self.decode_kv_tokens, self.prefill_kv_tokens)
