@@ -80,6 +80,11 @@ class StallTail:
         self.stalled = self.stalled * keep + rows * whole_ticks
         self.gaps = self.gaps * keep + rows
 
+    @property
+    def share(self) -> float:
+        """The recent share of gaps that whole prompts stall (0 before any gap)."""
+        return self.stalled / self.gaps if self.gaps else 0.0
+
     def is_rare(self, n_decode: int) -> bool:
         """Would one more whole-prompt stall beside n_decode requests keep the stalled share under tail_share?"""
         return self.stalled + n_decode < self.tail_share * self.gaps

@@ -83,6 +83,10 @@ class ServerMetrics:
             Gauge("cobali:tick_cost_confident", "1 while the ITL budget sizes prefill from the learned tick costs, "
                   "0 while it holds the minimum chunk.", registry=self.registry).set_function(
                       lambda: float(costs.confident))
+        if isinstance(scheduler.budget, AdaptiveBudget) and (tail := scheduler.budget.tail) is not None:
+            Gauge("cobali:whole_prompt_stall_share", "Recent share of inter-token gaps that prompts let in whole "
+                  "would stall: under 0.01 the ITL budget lets them in whole (their stalls miss the p99).",
+                  registry=self.registry).set_function(lambda: tail.share)
 
     def _on_tick(self, record: TickRecord) -> None:
         self.iteration_tokens.observe(record.plan.n_tokens)

@@ -228,6 +228,7 @@ def test_metrics_show_the_learned_tick_costs_under_an_itl_target() -> None:
         wait_healthy(client)
         assert "cobali:tick_cost_confident 0.0" in client.get("/metrics").text
         assert "cobali:tick_cost_error 0.0" in client.get("/metrics").text
+        assert "cobali:whole_prompt_stall_share 0.0" in client.get("/metrics").text
 
 
 def test_api_key_is_required_on_the_api_but_not_on_probes() -> None:

@@ -44,7 +44,7 @@ def test_a_prompt_longer_than_the_batch_stalls_once_per_batch() -> None:
     tail.observe(TickTerms(64, 2, 200, prompt_ends=(1200,)))  # whole, it would take 3 ticks of 512
     assert tail.stalled == 2 * 3
     tail.observe(TickTerms(64, 0, 0, prompt_ends=(300,)))  # nobody decoding: nobody stalled
-    assert (tail.stalled, tail.gaps) == (6, 2)
+    assert (tail.stalled, tail.gaps, tail.share) == (6, 2, 3.0)
 
 
 def test_old_stalls_fade() -> None:
