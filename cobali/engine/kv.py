@@ -143,10 +143,16 @@ class SlotPool:
         return Assignment(slot, reused)
 
     def _take_fresh(self) -> int:
-        """The lowest free slot holding no cached prefix, else the least recently released one. Low ids
-        first keep the running seq_ids consecutive, which llama.cpp's per-stream batch split rewards."""
-        empty = [slot for slot in self._free if slot not in self._cached]
-        slot = min(empty) if empty else self._free[0]
+        """With per-sequence streams, the lowest free slot, its cached prefix dropped if it holds one:
+        llama.cpp's attention spans every stream from a ubatch's lowest seq_id to its highest, so running
+        requests kept in the lowest slots cost the least (sparing cached prefixes instead scattered them over
+        all the slots, and made decode rows ~1.5-2x dearer; bench/kv_streams.py). With a unified KV the slot
+        costs nothing: the lowest one holding no cached prefix, else the least recently released."""
+        if self.accountant.unified:
+            empty = [slot for slot in self._free if slot not in self._cached]
+            slot = min(empty) if empty else self._free[0]
+        else:
+            slot = min(self._free)
         self._free.remove(slot)
         self._clear(slot)
         return slot

@@ -115,6 +115,21 @@ def test_lru_cached_prefix_is_evicted_first() -> None:
     assert engine.backend.kv[2] == []
 
 
+def test_with_per_sequence_streams_a_new_request_takes_the_lowest_slot_over_a_cached_prefix() -> None:
+    """llama.cpp's attention spans the streams between a batch's lowest and highest seq_id: running requests
+    must stay in the lowest slots, even at the cost of a cached prefix (bench/kv_streams.py)."""
+    engine = make_engine(slots=3)
+    a, b = prompt(30, 1), prompt(30, 2)
+    engine.generate([a, b], SamplingParams(max_tokens=1))
+    assert (engine.backend.kv[0], engine.backend.kv[1], engine.backend.kv[2]) == (a, b, [])  # both prefixes kept
+    c = engine.add_request(prompt(30, 3), SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.step()
+    assert c.slot == 0, "slot 2 is empty, but slot 0 keeps the running seq_ids lowest"
+    hits = engine.slots.hit_tokens
+    engine.generate([b], SamplingParams(max_tokens=1))
+    assert engine.slots.hit_tokens - hits == 29, "b's prefix, in slot 1, is still reused"
+
+
 def test_head_of_line_bypass_is_bounded() -> None:
     queue = WaitQueue(max_bypass=2)
     big, small = Request(0, [1] * 100, LONG), [Request(i, [1], LONG) for i in range(1, 5)]

@@ -1,0 +1,74 @@
+"""What a decode costs by which sequences it carries, with per-sequence KV streams (llama.cpp's layout here):
+llama.cpp's attention views every stream from a ubatch's lowest seq_id to its highest, so the same rows
+cost more when their seq_ids are scattered, and more again when the streams between them hold KV.
+
+    .venv/bin/python bench/kv_streams.py                  # 8 rows of 16 slots, 300 tokens deep, 2 threads
+    .venv/bin/python bench/kv_streams.py --rows 4 --threads 1
+
+Each line: the median ms of `--repeat` decodes of one row for each of `--rows` sequences (all `--depth`
+tokens deep), for one choice of seq_ids; "idle KV" fills every other slot with a `--idle-depth`-token prompt,
+as cached prefixes left in free slots do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from prefill_tile import decode_ms
+
+from cobali.backends.llama_cpp.backend import LlamaCppBackend
+from cobali.backends.llama_cpp_config import DEFAULT_CTX_PER_SEQ, LlamaCppConfig
+
+
+def fill(backend: LlamaCppBackend, seq: int, n: int) -> None:
+    backend.remove_seq(seq)
+    for lo in range(0, n, 500):  # in batches that fit n_batch
+        decode_ms(backend, [(100 + (i + seq) % 50, i, seq, 0) for i in range(lo, min(n, lo + 500))])
+
+
+def median_decode_ms(backend: LlamaCppBackend, seqs: list[int], depth: int, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        times.append(decode_ms(backend, [(7, depth, s, 1) for s in seqs]))
+        for s in seqs:
+            backend.remove_seq(s, depth, -1)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=8, help="decode rows (at most half the slots)")
+    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--depth", type=int, default=300)
+    parser.add_argument("--idle-depth", type=int, default=1500)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+    for name in ("rows", "slots", "depth", "idle_depth", "threads", "repeat"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if 2 * args.rows > args.slots:
+        parser.error(f"--rows must be at most half of --slots ({args.slots}), got {args.rows}")
+    if max(args.depth, args.idle_depth) >= DEFAULT_CTX_PER_SEQ:
+        parser.error(f"--depth and --idle-depth must be under {DEFAULT_CTX_PER_SEQ}, got {args.depth} and "
+                     f"{args.idle_depth}")
+    backend = LlamaCppBackend(LlamaCppConfig(n_seq_max=args.slots, n_threads=args.threads))
+    low = list(range(args.rows))
+    spread = [round(i * (args.slots - 1) / (args.rows - 1)) for i in range(args.rows)] if args.rows > 1 else [0]
+    for s in sorted(set(low + spread)):
+        fill(backend, s, args.depth)
+    idle = [s for s in range(args.slots) if s not in low and s not in spread]
+    print(f"{args.rows} decode rows, {args.depth} tokens deep, {args.slots} slots (ms per decode, median)")
+    cases = [(f"lowest slots {low}", low), (f"spread over the slots {spread}", spread)]
+    for name, seqs in cases:
+        print(f"  {name:<52}{median_decode_ms(backend, seqs, args.depth, args.repeat):8.1f}")
+    for s in idle:
+        fill(backend, s, args.idle_depth)
+    for name, seqs in cases:
+        label = f"{name}, {args.idle_depth} tokens in slots {idle}"
+        print(f"  {label:<52}{median_decode_ms(backend, seqs, args.depth, args.repeat):8.1f}")
+
+
+if __name__ == "__main__":
+    main()
