@@ -22,20 +22,19 @@ from sleeping_backend import PROMPT, build_engine, cpu_seconds
 
 from cobali import SamplingParams
 from cobali.engine.request import Request
+from cobali.options import positive_float, positive_int
 from cobali.server.engine_thread import settle_heap
 from cobali.server.metrics import ServerMetrics
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--seconds", type=float, default=8.0, help="measured time, after a quarter as long to fill")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--stream-interval", type=int, default=16)
+    parser.add_argument("--concurrency", type=positive_int, default=256)
+    parser.add_argument("--seconds", type=positive_float, default=8.0,
+                        help="measured time, after a quarter as long to fill")
+    parser.add_argument("--max-tokens", type=positive_int, default=128)
+    parser.add_argument("--stream-interval", type=positive_int, default=16)
     args = parser.parse_args()
-    for name in ("concurrency", "seconds", "max_tokens", "stream_interval"):
-        if not getattr(args, name) > 0:
-            parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     with open(os.devnull, "w") as sink:
         logging.basicConfig(level=logging.INFO, stream=sink)  # the log lines are formatted and written, not kept
         measure(args)

@@ -6,8 +6,8 @@ cost more when their seq_ids are scattered, and more again when the streams betw
     .venv/bin/python bench/kv_streams.py --rows 4 --threads 1
 
 Each line: the median ms of `--repeat` decodes of one row for each of `--rows` sequences (all `--depth`
-tokens deep), for one choice of seq_ids; "idle KV" fills every other slot with a `--idle-depth`-token prompt,
-as cached prefixes left in free slots do.
+tokens deep), for one choice of seq_ids: the lowest slots, or spread over all of them; then both again with a
+`--idle-depth`-token prompt in each slot neither choice uses, as cached prefixes left in free slots are.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from prefill_tile import decode_ms
 
 from cobali.backends.llama_cpp.backend import LlamaCppBackend
 from cobali.backends.llama_cpp_config import DEFAULT_CTX_PER_SEQ, LlamaCppConfig
+from cobali.options import positive_int
 
 
 def fill(backend: LlamaCppBackend, seq: int, n: int) -> None:
@@ -38,16 +39,13 @@ def median_decode_ms(backend: LlamaCppBackend, seqs: list[int], depth: int, repe
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=8, help="decode rows (at most half the slots)")
-    parser.add_argument("--slots", type=int, default=16)
-    parser.add_argument("--depth", type=int, default=300)
-    parser.add_argument("--idle-depth", type=int, default=1500)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--rows", type=positive_int, default=8, help="decode rows (at most half the slots)")
+    parser.add_argument("--slots", type=positive_int, default=16)
+    parser.add_argument("--depth", type=positive_int, default=300)
+    parser.add_argument("--idle-depth", type=positive_int, default=1500)
+    parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument("--repeat", type=positive_int, default=20)
     args = parser.parse_args()
-    for name in ("rows", "slots", "depth", "idle_depth", "threads", "repeat"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if 2 * args.rows > args.slots:
         parser.error(f"--rows must be at most half of --slots ({args.slots}), got {args.rows}")
     if max(args.depth, args.idle_depth) >= DEFAULT_CTX_PER_SEQ:

@@ -17,6 +17,7 @@ import numpy as np
 
 from cobali.backends.llama_cpp.backend import LlamaCppBackend
 from cobali.backends.llama_cpp_config import DEFAULT_CTX_PER_SEQ, LlamaCppConfig
+from cobali.options import non_negative_int, positive_int
 
 Row = tuple[int, int, int, int]  # token, position, sequence, wants logits
 
@@ -45,17 +46,13 @@ def chunk_ms(backend: LlamaCppBackend, depth: int, n: int, decode_rows: int, rep
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--depths", type=int, nargs="+", default=[0, 256, 500, 1000, 1500])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 48, 64, 65])
-    parser.add_argument("--decode-rows", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--depths", type=non_negative_int, nargs="+", default=[0, 256, 500, 1000, 1500])
+    parser.add_argument("--sizes", type=positive_int, nargs="+", default=[32, 48, 64, 65])
+    parser.add_argument("--decode-rows", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument("--repeat", type=positive_int, default=3)
     args = parser.parse_args()
-    for name in ("sizes", "decode_rows", "threads", "repeat"):
-        values = getattr(args, name)
-        if min(values if isinstance(values, list) else [values]) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {values}")
-    if min(args.depths) < 0 or max(args.depths) + max(args.sizes) > DEFAULT_CTX_PER_SEQ:
+    if max(args.depths) + max(args.sizes) > DEFAULT_CTX_PER_SEQ:
         parser.error(f"--depths and --sizes must stay within 0..{DEFAULT_CTX_PER_SEQ} positions, got {args.depths} "
                      f"and {args.sizes}")
     if max(args.sizes) + args.decode_rows > 512:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from cobali.costs import CostProfile
 from cobali.engine.budget import AdaptiveBudget, StallTail
 from cobali.engine.costfit import OnlineCostFit, TickTerms
 from cobali.engine.engine_config import EngineConfig
 from cobali.sim.cluster import SimItem, SimSpec, simulate
 from cobali.workloads import arrival_offsets
-
-# 10 ms per tick, 2 ms per prefill token, 5 ms per decode row, 1 us per decode KV token.
-PROFILE = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6)
+from tests.unit.test_deadline_budget import PROFILE  # 10 ms a tick, 2 ms a prefill token, 5 ms a decode row
 
 
 def decode_gaps(tail: StallTail, n: int, rows: int = 1) -> None:
