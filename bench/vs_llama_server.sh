@@ -6,8 +6,8 @@
 # the repo (bench/build_llama_tools.sh). Both servers run on 127.0.0.1, driven by `cobali bench serve`
 # (streaming /v1/completions, ignore_eos so output lengths match), then stopped.
 #
-# RATES set (the default): both servers stay up and one `cobali bench serve --sweep` runs each in turn at
-# every Poisson rate, then searches each one's capacity under SLO (TTFT p99 <= 5 s, TPOT p99 <= 150 ms):
+# RATES set (the default): both servers stay up and one `cobali bench serve --sweep` runs them in turn (within
+# every repeat) at every Poisson rate, then searches each one's capacity under SLO (TTFT p99 <= 5 s, TPOT p99 <= 150 ms):
 # the table, capacities, sweep.json and one plot per metric against rate land in $OUT/sweep.
 # RATES= (empty): the closed-loop comparison instead, CONCURRENCY requests in flight, one server at a time.
 # A full sweep (3 rates, REPEAT=2, 2 bisections, both servers) takes about an hour of both CPU cores.

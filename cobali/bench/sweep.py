@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from cobali.bench.serve_client import ClientRecord, ServeResult
 
@@ -86,23 +86,34 @@ class Capacity:
         return f"{self.rate:.3g} req/s" if self.bounded else f">= {self.rate:.3g} req/s (no rate tried failed)"
 
 
-def search_capacity(held: Callable[[float], bool], rates: Sequence[float], steps: int = 3) -> Capacity:
-    """The sweep's rates in order, then `steps` bisections between the highest passing and the lowest
-    failing rate (geometric midpoints: rates span orders of magnitude). held(rate) runs one measurement."""
-    tried: list[tuple[float, bool]] = []
-    for rate in rates:
-        tried.append((rate, held(rate)))
-    ok = [r for r, h in tried if h]
-    bad = [r for r, h in tried if not h and (not ok or r > max(ok))]
-    low, high = (max(ok) if ok else None), (min(bad) if bad else None)
-    for _ in range(steps):
+@dataclass
+class CapacitySearch:
+    """One server's capacity search, fed one result at a time so that several servers' runs can interleave:
+    the sweep's rates, then bisection between the highest passing and the lowest failing rate above it
+    (geometric midpoints: rates span orders of magnitude)."""
+
+    tried: list[tuple[float, bool]] = field(default_factory=list)  # (rate, held) in the order they ran
+
+    def record(self, rate: float, held: bool) -> None:
+        self.tried.append((rate, held))
+
+    def bounds(self) -> tuple[float | None, float | None]:
+        """The highest passing rate and the lowest failing one above it (None where there is none)."""
+        passed = [r for r, held in self.tried if held]
+        low = max(passed) if passed else None
+        failed = [r for r, held in self.tried if not held and (low is None or r > low)]
+        return low, (min(failed) if failed else None)
+
+    def midpoint(self) -> float | None:
+        """The next rate to try, or None while no passing rate lies below a finite failing one."""
+        low, high = self.bounds()
         if low is None or high is None or math.isinf(high):
-            break
-        mid = math.sqrt(low * high)
-        result = held(mid)
-        tried.append((mid, result))
-        low, high = (mid, high) if result else (low, mid)
-    return Capacity(low, high is not None, tuple(tried))
+            return None
+        return math.sqrt(low * high)
+
+    def capacity(self) -> Capacity:
+        low, high = self.bounds()
+        return Capacity(low, high is not None, tuple(self.tried))
 
 
 def sweep_row(rate: float, result: ServeResult, limits: dict[str, float] | None) -> dict:

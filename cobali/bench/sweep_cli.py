@@ -1,5 +1,5 @@
-"""`cobali bench serve --sweep RATES`: each server in turn at each rate, then the table, the capacities,
-and one plot per metric against rate with a line per server."""
+"""`cobali bench serve --sweep RATES`: at each rate the servers in turn (and in turn within every repeat), then
+each one's capacity search, the table, and one plot per metric against rate with a line per server."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from cobali.bench.serve_client import ServeOptions, run_serve
 from cobali.bench.sweep import (
     CAPACITY_METRICS,
     GOODPUT_METRICS,
+    CapacitySearch,
     combine_repeats,
     meets,
     parse_limits,
     parse_rates,
-    search_capacity,
     sweep_row,
 )
 from cobali.metrics import write_json
@@ -35,7 +35,7 @@ PLOTTED = (("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"), (
 def add_sweep_args(serve: argparse.ArgumentParser) -> None:
     # dest differs from `cobali bench --sweep` (an engine grid) so the two never overwrite each other.
     serve.add_argument("--sweep", dest="rate_sweep", default=None, metavar="R1,R2,...",
-                       help="Poisson request rates (req/s) to run the workload at, each in turn, per server")
+                       help="Poisson request rates (req/s) to run the workload at; the servers take turns at each")
     serve.add_argument("--goodput", default=None, metavar="ttft:MS,tpot:MS",
                        help="report goodput: completed req/s within every limit (vllm bench serve's "
                             f"definition; names: {', '.join(GOODPUT_METRICS)})")
@@ -66,21 +66,35 @@ def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list
     rates, limits, slo = sweep_settings(args)
     print(f"cobali bench serve --sweep: {len(items)} prompts at {', '.join(f'{r:g}' for r in rates)} req/s "
           f"against {', '.join(name for name, _ in servers)}")
-    results: dict[str, dict] = {}
     run_ids = itertools.count()
-    for name, url in servers:
-        rows: list[dict] = []
+    rows: dict[str, list[dict]] = {name: [] for name, _ in servers}
+    searches = {name: CapacitySearch() for name, _ in servers}
 
-        def held(rate: float, url: str = url, rows: list[dict] = rows) -> bool:
-            options = serve_options(args, url, args.concurrency or len(items), rate)
-            runs = [sweep_row(rate, asyncio.run(run_serve(tagged(items, next(run_ids)), options)), limits)
-                    for _ in range(args.repeat)]
-            rows.append(combine_repeats(runs))
-            return meets(rows[-1], slo)
+    def measure(points: list[tuple[str, str, float]]) -> None:
+        """Each (server, url, rate) args.repeat times, the servers in turn within every repeat: the machine's
+        drift over a sweep (minutes-long slow spells) then falls on all of them alike."""
+        runs: dict[str, list[dict]] = {name: [] for name, _, _ in points}
+        for _ in range(args.repeat):
+            for name, url, rate in points:
+                options = serve_options(args, url, args.concurrency or len(items), rate)
+                result = asyncio.run(run_serve(tagged(items, next(run_ids)), options))
+                runs[name].append(sweep_row(rate, result, limits))
+        for name, _, rate in points:
+            rows[name].append(combine_repeats(runs[name]))
+            searches[name].record(rate, meets(rows[name][-1], slo))
 
-        capacity = search_capacity(held, rates, args.capacity_steps)
-        results[name] = {"rows": sorted(rows, key=lambda r: r["rate"]), "capacity": asdict(capacity)}
+    for rate in rates:
+        measure([(name, url, rate) for name, url in servers])
+    for _ in range(args.capacity_steps):
+        points = [(name, url, mid) for name, url in servers if (mid := searches[name].midpoint()) is not None]
+        if not points:
+            break
+        measure(points)
+    capacities = {name: search.capacity() for name, search in searches.items()}
+    for name, capacity in capacities.items():
         print(f"{name}: capacity {capacity.describe()}")
+    results = {name: {"rows": sorted(rows[name], key=lambda r: r["rate"]), "capacity": asdict(capacities[name])}
+               for name in rows}
     print(format_sweep(results, slo))
     if args.out:
         out = Path(args.out)

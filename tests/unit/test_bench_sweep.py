@@ -7,6 +7,9 @@ import contextlib
 import functools
 import io
 import json
+import math
+import re
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -16,7 +19,15 @@ import pytest
 from cobali import cli
 from cobali.bench import sweep_cli
 from cobali.bench.serve_client import ClientRecord, ServeResult, run_serve
-from cobali.bench.sweep import combine_repeats, goodput, meets, parse_limits, parse_rates, search_capacity, slo_metrics
+from cobali.bench.sweep import (
+    CapacitySearch,
+    combine_repeats,
+    goodput,
+    meets,
+    parse_limits,
+    parse_rates,
+    slo_metrics,
+)
 from tests.unit.test_bench_serve import FakeServer
 
 
@@ -50,6 +61,18 @@ def test_goodput_counts_requests_within_every_limit_per_second_as_vllm_does() ->
     assert goodput(result, {"e2el": 5000.0}) == pytest.approx(3 / 2.0)
 
 
+def search(held: Callable[[float], bool], rates: tuple[float, ...], steps: int) -> CapacitySearch:
+    capacity = CapacitySearch()
+    for rate in rates:
+        capacity.record(rate, held(rate))
+    for _ in range(steps):
+        mid = capacity.midpoint()
+        if mid is None:
+            break
+        capacity.record(mid, held(mid))
+    return capacity
+
+
 def test_capacity_is_the_highest_rate_that_holds_after_bisection() -> None:
     ran: list[float] = []
 
@@ -57,11 +80,14 @@ def test_capacity_is_the_highest_rate_that_holds_after_bisection() -> None:
         ran.append(rate)
         return rate <= 0.65
 
-    capacity = search_capacity(held, (0.2, 0.5, 1.0), steps=2)
-    assert ran[:3] == [0.2, 0.5, 1.0] and len(ran) == 5
-    assert 0.5 < capacity.rate <= 0.65 and capacity.bounded
-    assert search_capacity(lambda r: True, (0.2, 0.5), steps=3).describe() == ">= 0.5 req/s (no rate tried failed)"
-    assert search_capacity(lambda r: False, (0.2, 0.5), steps=3).rate is None
+    capacity = search(held, (0.2, 0.5, 1.0), steps=2).capacity()
+    assert ran == [0.2, 0.5, 1.0, pytest.approx(0.5 ** 0.5), pytest.approx((0.5 * 0.5 ** 0.5) ** 0.5)]
+    assert capacity.rate == pytest.approx((0.5 * 0.5 ** 0.5) ** 0.5) and capacity.bounded
+    assert search(lambda r: True, (0.2, 0.5), steps=3).capacity().describe() == ">= 0.5 req/s (no rate tried failed)"
+    assert search(lambda r: False, (0.2, 0.5), steps=3).capacity().rate is None
+    # A pass above a failure moves the bracket up: the failure below it no longer bounds the search.
+    assert search(lambda r: r != 0.5, (0.2, 0.5, 1.0), steps=0).bounds() == (1.0, None)
+    assert search(lambda r: r < 1.0, (0.5, math.inf), steps=2).capacity().tried == ((0.5, True), (math.inf, False))
 
 
 def test_repeats_combine_into_medians_with_their_noise() -> None:
@@ -81,7 +107,7 @@ def test_meets_reads_the_p99s_and_fails_runs_with_errors() -> None:
     assert not meets({"ttft_p99_ms": 1.0, "tpot_p99_ms": 1.0, "failed": 1}, slo)
 
 
-def test_sweep_runs_every_server_at_every_rate_and_plots_each_metric(tmp_path: Path) -> None:
+def test_sweep_runs_the_servers_in_turn_at_every_rate_and_plots_each_metric(tmp_path: Path) -> None:
     prompts = tmp_path / "p.txt"
     prompts.write_text("one\ntwo\nthree\nfour\n")
     fast, slow = FakeServer(["a", "b", "c"]), FakeServer(["a", "b", "c"], delay=0.05)
@@ -110,6 +136,10 @@ def test_sweep_runs_every_server_at_every_rate_and_plots_each_metric(tmp_path: P
     assert len(fast.bodies) == len(slow.bodies) == 16  # two runs at both rates; no bisection without a bound
     # Every run's prompts are its own, so no server can answer one run from another's cached prompts.
     assert len({body["prompt"] for body in fast.bodies + slow.bodies}) == 32
+    # The servers take turns within every repeat at every rate, so the machine's drift falls on both alike.
+    def runs(server: FakeServer) -> list[int]:
+        return sorted({int(re.match(r"\[run (\d+)\]", body["prompt"]).group(1)) for body in server.bodies})
+    assert runs(fast) == [0, 2, 4, 6] and runs(slow) == [1, 3, 5, 7]
     for name in ("ttft_p99", "tpot_p50", "itl_p99", "goodput_req_s", "output_tok_s"):
         assert (tmp_path / "r" / f"sweep_{name}.png").read_bytes().startswith(b"\x89PNG")
     assert "capacity >= 400 req/s" in out.getvalue()
