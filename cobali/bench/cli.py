@@ -133,7 +133,7 @@ def serve_command(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or 1
     summaries, samples, records, errors = [], {}, {}, []
     for name, url in servers:
-        options = sweep_cli.serve_options(args, url, concurrency, args.request_rate)
+        options = sweep_cli.serve_options(args, url, concurrency, args.request_rate, args.seed)
         print(f"cobali bench serve: {len(items)} prompts against {url}, concurrency {concurrency}")
         result = asyncio.run(run_serve(items, options))
         summaries.append({"config": name, **result.summary()})

@@ -42,14 +42,15 @@ def add_sweep_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--slo", default=DEFAULT_SLO, metavar="ttft_p99:MS,tpot_p99:MS",
                        help=f"capacity: the highest rate whose run holds these p99s (default {DEFAULT_SLO})")
     serve.add_argument("--repeat", type=int, default=1,
-                       help="runs per rate; the table shows their medians and each one's noise (±half-spread)")
+                       help="runs per rate, run k with arrivals from --seed + k (the same for every server); the table "
+                            "shows their medians and each one's noise (±half-spread)")
     serve.add_argument("--capacity-steps", type=int, default=2,
                        help="bisections between the highest passing and lowest failing rate (default 2)")
 
 
-def serve_options(args: argparse.Namespace, url: str, concurrency: int, rate: float) -> ServeOptions:
+def serve_options(args: argparse.Namespace, url: str, concurrency: int, rate: float, seed: int) -> ServeOptions:
     return ServeOptions(url=url, concurrency=concurrency, request_rate=rate, burstiness=args.burstiness,
-                        seed=args.seed, max_new=args.max_new, model=args.served_model, api_key=args.api_key)
+                        seed=seed, max_new=args.max_new, model=args.served_model, api_key=args.api_key)
 
 
 def sweep_settings(args: argparse.Namespace) -> tuple[tuple[float, ...], dict | None, dict]:
@@ -72,11 +73,13 @@ def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list
 
     def measure(points: list[tuple[str, str, float]]) -> None:
         """Each (server, url, rate) args.repeat times, the servers in turn within every repeat: the machine's
-        drift over a sweep (minutes-long slow spells) then falls on all of them alike."""
+        drift over a sweep (minutes-long slow spells) then falls on all of them alike. Repeat k draws its
+        arrivals from seed --seed + k, the same for every server: near saturation one arrival pattern can
+        decide a p50 by 2x, so repeats sample patterns while each pattern still meets every server."""
         runs: dict[str, list[dict]] = {name: [] for name, _, _ in points}
-        for _ in range(args.repeat):
+        for repeat in range(args.repeat):
             for name, url, rate in points:
-                options = serve_options(args, url, args.concurrency or len(items), rate)
+                options = serve_options(args, url, args.concurrency or len(items), rate, args.seed + repeat)
                 result = asyncio.run(run_serve(tagged(items, next(run_ids)), options))
                 runs[name].append(sweep_row(rate, result, limits))
         for name, _, rate in points:

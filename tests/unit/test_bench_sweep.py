@@ -4,7 +4,6 @@ against mocked servers."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import json
 import math
@@ -115,13 +114,18 @@ def test_sweep_runs_the_servers_in_turn_at_every_rate_and_plots_each_metric(tmp_
     def route(request: httpx.Request):
         return (fast if request.url.port == 8001 else slow)(request)
 
-    patched = functools.partial(run_serve, transport=httpx.MockTransport(route), progress=False)
+    seeds: dict[str, list[int]] = {"fast": [], "slow": []}
+
+    def patched(items, options):
+        seeds["fast" if options.url.endswith(":8001") else "slow"].append(options.seed)
+        return run_serve(items, options, transport=httpx.MockTransport(route), progress=False)
+
     out = io.StringIO()
     with mock.patch.object(sweep_cli, "run_serve", patched), contextlib.redirect_stdout(out):
         code = cli.main(["bench", "serve", "--url", "fast=http://bench.test:8001", "--url",
                          "slow=http://bench.test:8002", "--prompts", str(prompts), "--sweep", "400,200",
                          "--goodput", "tpot:15", "--slo", "ttft_p99:5000,tpot_p99:15", "--capacity-steps", "1",
-                         "--repeat", "2",
+                         "--repeat", "2", "--seed", "5",
                          "--out", str(tmp_path / "r")])
     assert code == 0
     sweep = json.loads((tmp_path / "r" / "sweep.json").read_text())
@@ -140,6 +144,8 @@ def test_sweep_runs_the_servers_in_turn_at_every_rate_and_plots_each_metric(tmp_
     def runs(server: FakeServer) -> list[int]:
         return sorted({int(re.match(r"\[run (\d+)\]", body["prompt"]).group(1)) for body in server.bodies})
     assert runs(fast) == [0, 2, 4, 6] and runs(slow) == [1, 3, 5, 7]
+    # Each repeat its own arrival pattern, and within a repeat the same one for every server.
+    assert seeds["fast"] == seeds["slow"] == [5, 6, 5, 6]
     for name in ("ttft_p99", "tpot_p50", "itl_p99", "goodput_req_s", "output_tok_s"):
         assert (tmp_path / "r" / f"sweep_{name}.png").read_bytes().startswith(b"\x89PNG")
     assert "capacity >= 400 req/s" in out.getvalue()
