@@ -124,12 +124,13 @@ def sweep_row(rate: float, result: ServeResult, limits: dict[str, float] | None)
 
 
 def combine_repeats(rows: Sequence[dict]) -> dict:
-    """Runs repeated at one rate as one row: every number the median of the runs (failures summed), and
-    `noise` the half-spread of each number relative to its median: the run-to-run noise to quote beside it."""
+    """Runs repeated at one rate as one row: every number the median of the runs (failures summed), `noise`
+    the half-spread of each number relative to its median (the run-to-run noise to quote beside it), and
+    `runs` the runs themselves, each with its arrival seed, for ratios paired run by run."""
     if len(rows) == 1:
         return dict(rows[0])
-    merged, noise = dict(rows[0]), {}
-    for key in rows[0]:
+    merged, noise = {key: value for key, value in rows[0].items() if key != "seed"}, {}
+    for key in list(merged):
         values = [r.get(key) for r in rows]
         if key == "rate" or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
             continue
@@ -137,4 +138,4 @@ def combine_repeats(rows: Sequence[dict]) -> dict:
         if merged[key]:
             noise[key] = (max(values) - min(values)) / 2 / abs(merged[key])
     merged["failed"] = sum(r["failed"] for r in rows)
-    return {**merged, "repeats": len(rows), "noise": noise}
+    return {**merged, "repeats": len(rows), "noise": noise, "runs": [dict(row) for row in rows]}

@@ -81,7 +81,7 @@ def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list
             for name, url, rate in points:
                 options = serve_options(args, url, args.concurrency or len(items), rate, args.seed + repeat)
                 result = asyncio.run(run_serve(tagged(items, next(run_ids)), options))
-                runs[name].append(sweep_row(rate, result, limits))
+                runs[name].append({**sweep_row(rate, result, limits), "seed": options.seed})
         for name, _, rate in points:
             rows[name].append(combine_repeats(runs[name]))
             searches[name].record(rate, meets(rows[name][-1], slo))

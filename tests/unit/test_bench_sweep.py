@@ -146,6 +146,7 @@ def test_sweep_runs_the_servers_in_turn_at_every_rate_and_plots_each_metric(tmp_
     assert runs(fast) == [0, 2, 4, 6] and runs(slow) == [1, 3, 5, 7]
     # Each repeat its own arrival pattern, and within a repeat the same one for every server.
     assert seeds["fast"] == seeds["slow"] == [5, 6, 5, 6]
+    assert all([run["seed"] for run in row["runs"]] == [5, 6] for row in fast_rows + slow_rows)
     for name in ("ttft_p99", "tpot_p50", "itl_p99", "goodput_req_s", "output_tok_s"):
         assert (tmp_path / "r" / f"sweep_{name}.png").read_bytes().startswith(b"\x89PNG")
     assert "capacity >= 400 req/s" in out.getvalue()
