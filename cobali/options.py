@@ -50,8 +50,8 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
                              "for requests that ask no logprobs: their logits never reach the host")
 
 
-def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0) -> None:
-    """Engine flags. `itl_target_ms`: the face's default ITL target (0: the paper's fixed budget)."""
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Engine flags; every face defaults to the fixed budget (see --itl-target-ms)."""
     add_backend_args(parser)
     parser.add_argument("--prefill-chunk-tokens", type=positive_int, default=512,
                         help="longest prefill chunk per request per tick (cont mode)")
@@ -62,9 +62,10 @@ def add_engine_args(parser: argparse.ArgumentParser, itl_target_ms: float = 0.0)
     parser.add_argument("--queue", choices=QUEUE_ORDERS, default="fifo",
                         help="waiting order (priority: lower `priority` first; srpf: shortest remaining prompt "
                              "first with aging, also for prompts being prefilled)")
-    parser.add_argument("--itl-target-ms", type=non_negative_float, default=itl_target_ms,
-                        help="adaptive chunking: size each tick's prefill to keep the predicted tick under this "
-                             f"(0 = fixed budget: --n-batch and --prefill-chunk-tokens; default {itl_target_ms:g})")
+    parser.add_argument("--itl-target-ms", type=non_negative_float, default=0.0,
+                        help="adaptive chunking: size each tick's prefill to keep the predicted tick under this, "
+                             "for a lower ITL tail under load at the cost of TTFT (default 0 = fixed budget: "
+                             "--n-batch and --prefill-chunk-tokens, prompts whole as llama-server takes them)")
     parser.add_argument("--tpot-slo-ms", type=non_negative_float, default=0.0,
                         help="deadline budget: size each tick's prefill so every decoding request keeps its next "
                              "token on a schedule of one per this many ms since its first, and never below what "

@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-# A server's users feel the inter-token latency: by default each tick's prefill is sized to keep the
-# predicted tick under 250 ms (README, "Batch policies": ITL p99 cut to a quarter for ~5-15 % more wall time).
-DEFAULT_ITL_TARGET_MS = 250.0
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from cobali.options import add_engine_args, non_negative_float, non_negative_int, positive_int
-from cobali.server.config import DEFAULT_ITL_TARGET_MS, DEFAULT_MAX_BODY_BYTES, ServerConfig
+from cobali.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 
 
 def _port(text: str) -> int:
@@ -26,7 +26,7 @@ def _template_file(path: str) -> str:
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    add_engine_args(parser, itl_target_ms=DEFAULT_ITL_TARGET_MS)
+    add_engine_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=_port, default=8000, help="port to bind")
     parser.add_argument("--max-queue", type=non_negative_int, default=256,

@@ -97,9 +97,9 @@ def test_an_unconfident_fit_gets_the_minimum_chunk() -> None:
 
 def test_the_flags_pick_the_budget() -> None:
     parser = argparse.ArgumentParser()
-    add_engine_args(parser, itl_target_ms=250)
+    add_engine_args(parser)
     pick = [tick_budget(engine_config(parser.parse_args(flags)), PROFILE) for flags in
-            (["--itl-target-ms", "0"], [], ["--tpot-slo-ms", "80", "--itl-max-ms", "400"], ["--tpot-slo-ms", "80"])]
+            ([], ["--itl-target-ms", "250"], ["--tpot-slo-ms", "80", "--itl-max-ms", "400"], ["--tpot-slo-ms", "80"])]
     assert [type(b) for b in pick] == [FixedBudget, AdaptiveBudget, DeadlineBudget, DeadlineBudget]
     assert (pick[2].tpot_slo_s, pick[2].itl_max_s, pick[3].itl_max_s) == (0.08, 0.4, float("inf"))
 
@@ -167,7 +167,7 @@ def test_the_itl_target_is_a_floor_when_no_request_has_slack() -> None:
 
 def test_the_deadline_flags_keep_the_itl_target_as_a_floor() -> None:
     parser = argparse.ArgumentParser()
-    add_engine_args(parser, itl_target_ms=250)
+    add_engine_args(parser)
     with_floor, without = (tick_budget(engine_config(parser.parse_args(["--tpot-slo-ms", "80", *flags])), PROFILE)
-                           for flags in ([], ["--itl-target-ms", "0"]))
+                           for flags in (["--itl-target-ms", "250"], []))
     assert (with_floor.itl_floor_s, without.itl_floor_s) == (0.25, 0.0)
