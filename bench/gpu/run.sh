@@ -71,6 +71,11 @@ else
     touch "$WORK/site/.done"
   fi
   export PYTHONPATH="$WORK/site" LLAMA_CPP_LIB_PATH="$BIN" LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
+  # The CUDA 13 build's libggml-cuda.so exports its own copies of libstdc++'s locale facets; once numpy has
+  # loaded libstdc++ first, libllama's std::regex (the BPE pre-tokenizer) mixes the two and segfaults while
+  # loading the vocab (seen on the H100, 2026-11-24). Preloading the system libstdc++ makes one copy win.
+  LD_PRELOAD="$(python3 -c 'import ctypes.util; print(ctypes.util.find_library("stdc++") or "")')${LD_PRELOAD:+:$LD_PRELOAD}"
+  export LD_PRELOAD
   PY=python3
   KIT+=(--bin "$BIN" --tokenizer "$BUNDLE/tokenizer.gguf")
 fi
