@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU kit, in one call on the device (see bench/gpu/README.md):
-#   bench/gpu/run.sh OUT_DIR [--bundle DIR] [--cpu] [--installed] [--bin DIR] [-- kit.py flags]
+#   [CALL_S=570] bench/gpu/run.sh OUT_DIR [--bundle DIR] [--cpu] [--installed] [--bin DIR] [-- kit.py flags]
 # 1. builds llama.cpp from the bundle (CUDA unless --cpu) as shared libraries plus llama-server,
 #    llama-batched-bench and llama-quantize, in the background, polling its progress: if the build is not
 #    done by DEADLINE_S (default 480 s) the script says so and exits 75; the same command then resumes;
 # 2. installs the bundle's wheels into a target dir, and points the bindings at the build's libllama.so
 #    (LLAMA_CPP_LIB_PATH): nothing is compiled twice;
-# 3. runs bench/gpu/kit.py: synth model, Table 2, batched-bench, serving comparison, host overhead.
+# 3. runs bench/gpu/kit.py: synth model, Table 2 and variants, batched-bench, serving comparisons, host overhead;
+#    with CALL_S set, kit.py stops by CALL_S seconds after this script started (exit 75) and, sent again,
+#    resumes at the step it stopped in.
 # --installed: no build, no install; use this checkout's .venv and its llama-cpp-python (the CPU dry run),
 # and llama.cpp tools from --bin if given.
 set -euo pipefail
@@ -80,4 +82,9 @@ else
   KIT+=(--bin "$BIN" --tokenizer "$BUNDLE/tokenizer.gguf")
 fi
 [ "$CPU" = 1 ] && KIT+=(--n-gpu-layers 0)
+if [ "${CALL_S:-0}" -gt 0 ]; then  # the device's limit per call: stop in time, and resume when sent again
+  left=$((CALL_S - SECONDS))
+  if [ "$left" -lt 30 ]; then echo "${SECONDS}s used of CALL_S=$CALL_S: run the same command again" >&2; exit 75; fi
+  KIT+=(--deadline-s "$left")
+fi
 "$PY" bench/gpu/kit.py --out "$OUT" --work "$WORK" "${KIT[@]}" "$@"

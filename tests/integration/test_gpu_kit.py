@@ -10,15 +10,21 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+SMALL = ["--shape", "tiny", "--slots", "4", "--num-prompts", "6", "--max-new", "4", "--variants", "threads1,kv-unified",
+         "--serve-workload", "workloads/short_burst.json", "--serve-prompts", "6", "--concurrency", "6",
+         "--sweep-prompts", "workloads/short_burst.json", "--sweep-num-prompts", "6", "--sweep-rates", "8",
+         "--sweep-repeat", "1"]
 
 
-def test_the_kit_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+def run_kit(out: Path, work: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PY": sys.executable, "COBALI_GPU_WORK": str(work)}
+    cmd = ["bash", "bench/gpu/run.sh", str(out), "--installed", "--cpu", "--", *SMALL]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_kit_runs_end_to_end_on_cpu_and_a_second_call_reuses_every_step(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = {**os.environ, "PY": sys.executable, "COBALI_GPU_WORK": str(tmp_path / "work")}
-    cmd = ["bash", "bench/gpu/run.sh", str(out), "--installed", "--cpu", "--", "--shape", "tiny", "--slots", "4",
-           "--num-prompts", "6", "--max-new", "4", "--serve-workload", "workloads/short_burst.json",
-           "--serve-prompts", "6", "--concurrency", "6"]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = run_kit(out, tmp_path / "work")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     rows = summary["table2"]["rows"]
@@ -26,7 +32,25 @@ def test_the_kit_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
                                            "cont-split512-async"]
     assert rows[0]["speedup"] == 1.0 and all(r["output_tok_s"] > 0 for r in rows)
     assert 0 < summary["table2"]["host"]["host_share"] < 1
+    assert [v["name"] for v in summary["variants"]] == ["threads1", "kv-unified"]
+    assert all(v["output_tok_s"] > 0 and v["vs_table2"] > 0 for v in summary["variants"])
     assert summary["peers"]["cobali"]["output_tok_s"] > 0 and summary["peers"]["cobali-async"]["output_tok_s"] > 0
     assert "llama-server (no --bin)" in summary["skipped"]
-    assert "| cont-split128 |" in (out / "summary.md").read_text()
+    assert [row["rate"] for row in summary["sweep"]["servers"]["cobali"]["rows"]] == [8.0]
+    text = (out / "summary.md").read_text()
+    assert "| cont-split128 |" in text and "| kv-unified |" in text and "## Poisson sweep" in text
     assert (out / "kit.png").stat().st_size > 0
+
+    again = run_kit(out, tmp_path / "work")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert [line for line in again.stdout.splitlines() if line.startswith("$ ")] == []
+    assert json.loads((out / "summary.json").read_text())["variants"] == summary["variants"]
+
+
+def test_the_kit_stops_at_its_deadline_with_the_resume_status(tmp_path: Path) -> None:
+    cmd = [sys.executable, "bench/gpu/kit.py", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+           "--deadline-s", "0.001", "--n-gpu-layers", "0", *SMALL]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 75, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "run the same command again to continue" in done.stderr
+    assert not (tmp_path / "out" / "summary.json").exists()
