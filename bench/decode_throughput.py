@@ -12,6 +12,7 @@ runs each repeat twice back to back: greedy tokens by the host's argmax, then pi
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import time
@@ -31,7 +32,8 @@ def engine_decode(args: argparse.Namespace, backend_sampling: bool | None = None
     if backend_sampling is not None:
         config = replace(config, backend_sampling=backend_sampling)
     backend = build_backend(config)
-    engine = Engine(backend, EngineConfig(mode="static", max_slots=args.max_slots, n_batch=args.n_batch))
+    # llama.cpp caps n_batch at the context, which is small for short runs: take what the context got.
+    engine = Engine(backend, EngineConfig(mode="static", max_slots=args.max_slots, n_batch=backend.info.n_batch))
     argmax_s = timed_per_tick(engine, "argmax")
     prompts = [[1000 + (i * 31 + j) % 20000 for j in range(args.prompt_tokens)] for i in range(args.max_slots)]
     engine.generate(prompts, SamplingParams(max_tokens=args.gen_tokens + 1, ignore_eos=True))
@@ -96,6 +98,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=positive_int, default=1)
     parser.add_argument("--both-sampling-paths", action="store_true",
                         help="each repeat: host argmax, then greedy tokens picked in llama.cpp's graph")
+    parser.add_argument("--json", default=None, help="also write cobali's rows here (a list, one per run)")
     args = parser.parse_args()
     if not args.ctx:
         args.ctx = args.max_slots * (args.prompt_tokens + args.gen_tokens + 8)
@@ -103,17 +106,22 @@ def main() -> None:
 
     model = args.model or embedded_model_path()
     args.model = model
+    rows = []
     for _ in range(args.repeat):
         if args.both_sampling_paths:
-            report("host argmax  ", engine_decode(args, backend_sampling=False), args.max_slots)
-            report("graph argmax ", engine_decode(args, backend_sampling=True), args.max_slots)
+            for label, on in (("host argmax  ", False), ("graph argmax ", True)):
+                rows.append({"sampling": label.strip(), **engine_decode(args, backend_sampling=on)})
+                report(label, rows[-1], args.max_slots)
             continue
-        ours = engine_decode(args)
-        report("cobali decode", ours, args.max_slots)
+        rows.append(engine_decode(args))
+        report("cobali decode", rows[-1], args.max_slots)
         if args.batched_bench:
             s_tg = batched_bench(args, model)
             print(f"llama-batched-bench S_TG at B={args.max_slots}: {s_tg:.1f} tok/s; "
-                  f"ratio cobali/llama = {ours['tok_s'] / s_tg:.3f}")
+                  f"ratio cobali/llama = {rows[-1]['tok_s'] / s_tg:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

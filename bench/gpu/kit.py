@@ -5,8 +5,8 @@ summary.json, summary.md and kit.png there.
 1. a dummy-weight model of the paper's shape (`cobali synth-model`);
 2. the paper's Table 2: seq / static / cont-split512/256/128 on prompts_186 with 16 slots (ignore_eos), and
    cont-split512 with async scheduling;
-3. cont-split512 again with other flags (fewer llama.cpp threads, a unified KV, 64 slots, backend sampling):
-   the questions the first GPU run left open;
+3. cont-split512 again with other flags (fewer llama.cpp threads, a unified KV, 64 slots, backend sampling),
+   and decode-only runs with the argmax timed apart: the questions the first GPU run left open;
 4. llama-batched-bench's decode ceiling at B = 1, 16, 64;
 5. cobali serve (with and without --async-scheduling) vs llama-server -np 16 in turn, all requests at once;
 6. both servers under Poisson arrivals at several rates, taking turns (`bench serve --sweep`), with capacity;
@@ -19,7 +19,6 @@ continues where it stopped when the same command is sent again.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -31,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-from kit_report import RATIO_KEYS, markdown, plot  # noqa: E402  (this script's sibling)
+from kit_report import RATIO_KEYS, device_name, host_overhead, markdown, plot  # noqa: E402  (a sibling)
 from soak import started_process  # noqa: E402  (a sibling script: one way to start a server and await it)
 
 TABLE2 = "seq,static,cont-split512,cont-split256,cont-split128,cont-split512-async"
@@ -114,16 +113,16 @@ def variants(kit: Kit, model: Path, table: dict) -> list[dict]:
     return rows
 
 
-def host_overhead(ticks_csv: Path) -> dict:
-    """Host time per tick (scheduling, batch filling, sampling: everything but llama_decode), the
-    analog of the paper's kernel-launch gap."""
-    with ticks_csv.open() as f:
-        rows = list(csv.DictReader(f))
-    tick_ms = sum(float(r["end_ms"]) - float(r["start_ms"]) for r in rows)
-    decode_ms = sum(float(r["decode_ms"]) for r in rows)
-    n = max(len(rows), 1)
-    return {"ticks": len(rows), "tick_ms": tick_ms / n, "host_ms": (tick_ms - decode_ms) / n,
-            "host_share": (tick_ms - decode_ms) / tick_ms if tick_ms else None}
+def decode_probe(kit: Kit, model: Path) -> list[dict]:
+    """Decode-only ticks (bench/decode_throughput.py): how much of the host's time per tick is the argmax."""
+    rows = []
+    for slots in kit.args.probe_slots:
+        saved = kit.out / f"decode_{slots}.json"
+        if not saved.exists():
+            kit.run([sys.executable, "bench/decode_throughput.py", *engine_flags(kit.args, model), "--max-slots",
+                     str(slots), "--prompt-tokens", "32", "--gen-tokens", "64", "--repeat", "2", "--json", str(saved)])
+        rows += [{"slots": slots, **row} for row in json.loads(saved.read_text())]
+    return rows
 
 
 def batched_bench(kit: Kit, model: Path) -> list[dict]:
@@ -199,18 +198,6 @@ def sweep(kit: Kit, model: Path) -> dict:
             "servers": saved["servers"]}
 
 
-def device_name() -> str:
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        gpu = ""
-    if gpu:
-        return gpu
-    cpu = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
-    return f"CPU: {cpu[0].split(':', 1)[1].strip() if cpu else 'unknown'}, {os.cpu_count()} cores"
-
-
 def variant_names(text: str) -> list[str]:
     names = [n for n in text.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS]
@@ -234,6 +221,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-new", type=int, default=128)
     parser.add_argument("--variants", type=variant_names, default=list(VARIANTS),
                         help=f"comma-separated, '' for none (default: {','.join(VARIANTS)})")
+    parser.add_argument("--probe-slots", type=lambda t: [int(n) for n in t.split(",") if n], default=[16, 64],
+                        help="decode-only runs at these slot counts, argmax timed apart ('' for none)")
     parser.add_argument("--serve-workload", default="workloads/mixed_length.json")
     parser.add_argument("--serve-prompts", type=int, default=None, help="prompts of it (default: all)")
     parser.add_argument("--concurrency", type=int, default=64)
@@ -257,6 +246,7 @@ def measure(kit: Kit) -> dict:
                "max_new": args.max_new, "serve_workload": Path(args.serve_workload).stem, "skipped": []}
     summary["table2"] = table2(kit, model)
     summary["variants"] = variants(kit, model, summary["table2"])
+    summary["decode"] = decode_probe(kit, model)
     if args.bin and (Path(args.bin) / "llama-batched-bench").exists():
         summary["batched_bench"] = batched_bench(kit, model)
     else:

@@ -1,12 +1,40 @@
-"""The GPU kit's summary as Markdown and one figure (bench/gpu/kit.py writes both next to summary.json)."""
+"""The GPU kit's reading of its steps' files, and its summary as Markdown and one figure (bench/gpu/kit.py
+writes both next to summary.json)."""
 
 from __future__ import annotations
 
+import csv
+import os
+import subprocess
 from pathlib import Path
 
 PAPER = "paper (RTX 4070, Qwen2.5-0.5B Q5_K_M): continuous batching with split prefill 6.24x over sequential"
 RATIO_KEYS = ("wall_s", "output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
 SWEEP_KEYS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s")
+
+
+def host_overhead(ticks_csv: Path) -> dict:
+    """Host time per tick (scheduling, batch filling, sampling: everything but llama_decode), the
+    analog of the paper's kernel-launch gap."""
+    with ticks_csv.open() as f:
+        rows = list(csv.DictReader(f))
+    tick_ms = sum(float(r["end_ms"]) - float(r["start_ms"]) for r in rows)
+    decode_ms = sum(float(r["decode_ms"]) for r in rows)
+    n = max(len(rows), 1)
+    return {"ticks": len(rows), "tick_ms": tick_ms / n, "host_ms": (tick_ms - decode_ms) / n,
+            "host_share": (tick_ms - decode_ms) / tick_ms if tick_ms else None}
+
+
+def device_name() -> str:
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        gpu = ""
+    if gpu:
+        return gpu
+    cpu = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+    return f"CPU: {cpu[0].split(':', 1)[1].strip() if cpu else 'unknown'}, {os.cpu_count()} cores"
 
 
 def cell(value: float | None, fmt: str = ".2f") -> str:
@@ -35,6 +63,13 @@ def variant_lines(variants: list[dict]) -> list[str]:
                      f"{cell(v['vs_table2'])} | {host['host_ms']:.2f} ({host['host_share']:.1%}) | "
                      f"{v['gap_p50_ms']:.2f} |")
     return lines
+
+
+def decode_lines(rows: list[dict]) -> list[str]:
+    lines = ["", "## Decode-only ticks (bench/decode_throughput.py, 32-token prompts, 64 new tokens, two runs)", "",
+             "| slots | tok/s | tick ms | decode ms | host ms | of it argmax ms |", "|---:|---:|---:|---:|---:|---:|"]
+    return lines + [f"| {r['slots']} | {r['tok_s']:.1f} | {r['tick_ms']:.2f} | {r['decode_ms']:.2f} | "
+                    f"{r['host_ms']:.3f} | {r['argmax_ms']:.3f} |" for r in rows]
 
 
 def peer_lines(summary: dict) -> list[str]:
@@ -71,6 +106,8 @@ def markdown(summary: dict) -> str:
     lines += table2_lines(summary)
     if summary.get("variants"):
         lines += variant_lines(summary["variants"])
+    if summary.get("decode"):
+        lines += decode_lines(summary["decode"])
     if summary.get("batched_bench"):
         lines += ["", "## llama-batched-bench ceiling", "", "| B | S_PP tok/s | S_TG tok/s |", "|---:|---:|---:|"]
         lines += [f"| {r['batch']} | {r['s_pp_tok_s']:.1f} | {r['s_tg_tok_s']:.1f} |" for r in summary["batched_bench"]]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--shape", "tiny", "--slots", "4", "--num-prompts", "6", "--max-new", "4", "--variants", "threads1,kv-unified",
+         "--probe-slots", "4",
          "--serve-workload", "workloads/short_burst.json", "--serve-prompts", "6", "--concurrency", "6",
          "--sweep-prompts", "workloads/short_burst.json", "--sweep-num-prompts", "6", "--sweep-rates", "8",
          "--sweep-repeat", "1"]
@@ -34,6 +35,7 @@ def test_the_kit_runs_end_to_end_on_cpu_and_a_second_call_reuses_every_step(tmp_
     assert 0 < summary["table2"]["host"]["host_share"] < 1
     assert [v["name"] for v in summary["variants"]] == ["threads1", "kv-unified"]
     assert all(v["output_tok_s"] > 0 and v["vs_table2"] > 0 for v in summary["variants"])
+    assert [(r["slots"], r["argmax_ms"] > 0) for r in summary["decode"]] == [(4, True), (4, True)]
     assert summary["peers"]["cobali"]["output_tok_s"] > 0 and summary["peers"]["cobali-async"]["output_tok_s"] > 0
     assert "llama-server (no --bin)" in summary["skipped"]
     assert [row["rate"] for row in summary["sweep"]["servers"]["cobali"]["rows"]] == [8.0]
