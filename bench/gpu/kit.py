@@ -6,7 +6,7 @@ summary.json, summary.md and kit.png there.
 2. the paper's Table 2: seq / static / cont-split512/256/128 on prompts_186 with 16 slots (ignore_eos), and
    cont-split512 with async scheduling;
 3. cont-split512 again with other flags (fewer llama.cpp threads, a unified KV, 64 slots, backend sampling),
-   and decode-only runs with the argmax timed apart: the questions the first GPU run left open;
+   decode-only runs with the argmax timed apart, and `cobali calibrate`: the questions the first GPU run left open;
 4. llama-batched-bench's decode ceiling at B = 1, 16, 64;
 5. cobali serve (with and without --async-scheduling) vs llama-server -np 16 in turn, all requests at once;
 6. both servers under Poisson arrivals at several rates, taking turns (`bench serve --sweep`), with capacity;
@@ -123,6 +123,14 @@ def decode_probe(kit: Kit, model: Path) -> list[dict]:
                      str(slots), "--prompt-tokens", "32", "--gen-tokens", "64", "--repeat", "2", "--json", str(saved)])
         rows += [{"slots": slots, **row} for row in json.loads(saved.read_text())]
     return rows
+
+
+def calibrate(kit: Kit, model: Path) -> dict:
+    """`cobali calibrate` on the device: a measured cost profile for `cobali simulate --profile`."""
+    saved = kit.out / "profile.json"
+    if not saved.exists():
+        kit.run(cobali("calibrate", *engine_flags(kit.args, model), "--out", str(saved)))
+    return {k: v for k, v in json.loads(saved.read_text()).items() if k != "measurements"}
 
 
 def batched_bench(kit: Kit, model: Path) -> list[dict]:
@@ -247,6 +255,7 @@ def measure(kit: Kit) -> dict:
     summary["table2"] = table2(kit, model)
     summary["variants"] = variants(kit, model, summary["table2"])
     summary["decode"] = decode_probe(kit, model)
+    summary["profile"] = calibrate(kit, model)
     if args.bin and (Path(args.bin) / "llama-batched-bench").exists():
         summary["batched_bench"] = batched_bench(kit, model)
     else:

@@ -72,6 +72,13 @@ def decode_lines(rows: list[dict]) -> list[str]:
                     f"{r['host_ms']:.3f} | {r['argmax_ms']:.3f} |" for r in rows]
 
 
+def profile_lines(p: dict) -> list[str]:
+    return ["", "## Cost profile (`cobali calibrate`; `cobali simulate --profile profile.json`)", "",
+            f"tick = {p['t0_s'] * 1e3:.2f} ms + {p['prefill_s_per_token'] * 1e6:.1f} us/prefill token + "
+            f"{p['decode_s_per_row'] * 1e6:.1f} us/decode row + "
+            f"{p['decode_s_per_kv_token'] * 1e9:.1f} ns/decode KV token"]
+
+
 def peer_lines(summary: dict) -> list[str]:
     peers = summary["peers"]
     lines = ["", f"## Serving: {summary['serve_workload']} through `cobali bench serve`", "",
@@ -108,6 +115,8 @@ def markdown(summary: dict) -> str:
         lines += variant_lines(summary["variants"])
     if summary.get("decode"):
         lines += decode_lines(summary["decode"])
+    if summary.get("profile"):
+        lines += profile_lines(summary["profile"])
     if summary.get("batched_bench"):
         lines += ["", "## llama-batched-bench ceiling", "", "| B | S_PP tok/s | S_TG tok/s |", "|---:|---:|---:|"]
         lines += [f"| {r['batch']} | {r['s_pp_tok_s']:.1f} | {r['s_tg_tok_s']:.1f} |" for r in summary["batched_bench"]]
