@@ -83,7 +83,7 @@ def peer_lines(summary: dict) -> list[str]:
     peers = summary["peers"]
     lines = ["", f"## Serving: {summary['serve_workload']} through `cobali bench serve`", "",
              "| server | " + " | ".join(RATIO_KEYS) + " |", "|---" + "|---:" * len(RATIO_KEYS) + "|"]
-    for name in ("cobali", "cobali-async", "llama-server", "ratio"):
+    for name in ("cobali", "cobali-async", "llama-server", "llama-server-bs", "ratio"):
         if name in peers:
             lines.append(f"| {name} | " + " | ".join(cell(peers[name].get(k)) for k in RATIO_KEYS) + " |")
     return lines
