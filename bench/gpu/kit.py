@@ -1,6 +1,5 @@
-"""The GPU kit's measurements, once llama.cpp is built and the Python packages are importable
-(bench/gpu/run.sh sets that up and calls this). Every step writes into --out; the last writes
-summary.json, summary.md and kit.png there.
+"""The GPU kit's measurements, once llama.cpp is built and the Python packages are importable (bench/gpu/run.sh
+sets that up and calls this). Every step writes into --out; the last writes summary.json, summary.md and kit.png.
 
 1. a dummy-weight model of the paper's shape (`cobali synth-model`);
 2. the paper's Table 2: seq / static / cont-split512/256/128 on prompts_186 with 16 slots (ignore_eos), and
@@ -10,9 +9,8 @@ summary.json, summary.md and kit.png there.
 4. llama-batched-bench's decode ceiling at B = 1, 16, 64;
 5. cobali serve (with and without --async-scheduling) vs llama-server -np 16 (without and with its backend
    sampling) in turn, all requests at once;
-6. both servers under Poisson arrivals at several rates, taking turns (`bench serve --sweep`), with capacity;
+6. the servers under Poisson arrivals at several rates, taking turns (`bench serve --sweep`), with capacity;
 7. host overhead per tick (time outside llama_decode) and its share of the tick.
-
 A step whose results are already in --out is not run again, so a call cut short by --deadline-s (exit 75)
 continues where it stopped when the same command is sent again.
 """
@@ -35,13 +33,8 @@ from kit_report import RATIO_KEYS, device_name, host_overhead, markdown, plot  #
 from soak import started_process  # noqa: E402  (a sibling script: one way to start a server and await it)
 
 TABLE2 = "seq,static,cont-split512,cont-split256,cont-split128,cont-split512-async"
-VARIANTS = {
-    "threads1": ["--threads", "1"],
-    "threads4": ["--threads", "4"],
-    "kv-unified": ["--kv-unified"],
-    "slots64": ["--max-slots", "64"],
-    "slots64-backend-sampling": ["--max-slots", "64", "--backend-sampling"],
-}
+VARIANTS = {"threads1": ["--threads", "1"], "threads4": ["--threads", "4"], "kv-unified": ["--kv-unified"],
+            "slots64": ["--max-slots", "64"], "slots64-backend-sampling": ["--max-slots", "64", "--backend-sampling"]}
 RESUME = 75  # run.sh's "send the same command again" status
 
 
@@ -209,6 +202,13 @@ def sweep(kit: Kit, model: Path) -> dict:
             "servers": saved["servers"]}
 
 
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(n) for n in text.split(",") if n]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def variant_names(text: str) -> list[str]:
     names = [n for n in text.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS]
@@ -232,7 +232,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-new", type=int, default=128)
     parser.add_argument("--variants", type=variant_names, default=list(VARIANTS),
                         help=f"comma-separated, '' for none (default: {','.join(VARIANTS)})")
-    parser.add_argument("--probe-slots", type=lambda t: [int(n) for n in t.split(",") if n], default=[16, 64],
+    parser.add_argument("--probe-slots", type=int_list, default=[16, 64],
                         help="decode-only runs at these slot counts, argmax timed apart ('' for none)")
     parser.add_argument("--serve-workload", default="workloads/mixed_length.json")
     parser.add_argument("--serve-prompts", type=int, default=None, help="prompts of it (default: all)")
@@ -241,7 +241,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sweep-num-prompts", type=int, default=120, help="prompts of it (0: all)")
     parser.add_argument("--sweep-rates", default="16,32,64", help="Poisson rates (req/s), '' for no sweep")
     parser.add_argument("--sweep-repeat", type=int, default=2, help="arrival seeds per rate")
-    parser.add_argument("--batch-sizes", type=lambda s: [int(b) for b in s.split(",")], default=[1, 16, 64])
+    parser.add_argument("--batch-sizes", type=int_list, default=[1, 16, 64])
     parser.add_argument("--pp", type=int, default=128, help="batched-bench prompt tokens")
     parser.add_argument("--tg", type=int, default=128, help="batched-bench generated tokens")
     parser.add_argument("--no-serve", action="store_true", help="skip both serving comparisons")
