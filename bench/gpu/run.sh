@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU kit, in one call on the device (see bench/gpu/README.md):
-#   [CALL_S=570] bench/gpu/run.sh OUT_DIR [--bundle DIR] [--cpu] [--installed] [--bin DIR] [-- kit.py flags]
+#   [CALL_S=560] bench/gpu/run.sh OUT_DIR [--bundle DIR] [--cpu] [--installed] [--bin DIR] [-- kit.py flags]
 # 1. builds llama.cpp from the bundle (CUDA unless --cpu) as shared libraries plus llama-server,
 #    llama-batched-bench and llama-quantize, in the background, polling its progress: if the build is not
 #    done by DEADLINE_S (default 480 s) the script says so and exits 75; the same command then resumes;
