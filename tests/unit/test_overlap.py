@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import threading
 
 import pytest
@@ -13,6 +14,7 @@ from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.overlap import SWITCH_INTERVAL_S
 from cobali.engine.plan import ChunkKind
 from cobali.engine.request import FinishReason, Request, RequestState
 from cobali.server.engine_thread import EngineState, EngineThread
@@ -157,3 +159,14 @@ def test_async_scheduling_hands_a_token_to_its_stream_while_the_next_decode_runs
 
     assert asyncio.run(client())
     assert arrived_in_time == [True]
+
+
+def test_an_async_engine_lowers_the_gil_switch_interval_to_the_pipelines(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A returning decode must get the GIL back within the interval (measured: 0.92 -> 0.97 of the engine's rate
+    # through the server at 256 streams, 0.2 -> 0.1 ms); the sync engine leaves the interpreter's setting alone.
+    set_to: list[float] = []
+    monkeypatch.setattr(sys, "setswitchinterval", set_to.append)
+    make_engine(overlap=False)
+    assert set_to == []
+    make_engine(overlap=True)
+    assert set_to == [min(sys.getswitchinterval(), SWITCH_INTERVAL_S)]
