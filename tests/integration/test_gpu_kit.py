@@ -57,3 +57,13 @@ def test_the_kit_stops_at_its_deadline_with_the_resume_status(tmp_path: Path) ->
     assert done.returncode == 75, done.stdout[-2000:] + done.stderr[-2000:]
     assert "run the same command again to continue" in done.stderr
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_the_kit_names_a_bad_flag_value_and_runs_nothing(tmp_path: Path) -> None:
+    base = [sys.executable, "bench/gpu/kit.py", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    for flags, message in ((["--variants", "threads1,nope"], "unknown variant(s) nope; known: threads1"),
+                           (["--probe-slots", "16,x"], "expected comma-separated integers, got '16,x'"),
+                           (["--batch-sizes", "a"], "expected comma-separated integers, got 'a'")):
+        done = subprocess.run([*base, *flags], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, (flags, done.stderr[-500:])
+    assert not (tmp_path / "out").exists()
