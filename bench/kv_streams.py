@@ -1,13 +1,18 @@
 """What a decode costs by which sequences it carries, with per-sequence KV streams (llama.cpp's layout here):
-llama.cpp's attention views every stream from a ubatch's lowest seq_id to its highest, so the same rows
-cost more when their seq_ids are scattered, and more again when the streams between them hold KV.
+llama.cpp runs one forward pass per run of consecutive seq_ids among a batch's rows, and its attention views
+every stream from a pass's lowest seq_id to its highest, so the same rows cost more when their seq_ids are
+scattered or leave a gap, and more again when the streams between them hold KV. cobali's scheduler closes a
+gap by moving the request in the highest slot into it (a whole-stream copy, llama_memory_seq_cp across
+streams): the last line prices that copy.
 
     .venv/bin/python bench/kv_streams.py                  # 8 rows of 16 slots, 300 tokens deep, 2 threads
     .venv/bin/python bench/kv_streams.py --rows 4 --threads 1
 
 Each line: the median ms of `--repeat` decodes of one row for each of `--rows` sequences (all `--depth`
-tokens deep), for one choice of seq_ids: the lowest slots, or spread over all of them; then both again with a
-`--idle-depth`-token prompt in each slot neither choice uses, as cached prefixes left in free slots are.
+tokens deep), for one choice of seq_ids: the lowest slots, the same with one or two gaps, or spread over all of
+them; then the first and last again with a `--idle-depth`-token prompt in each slot none of them uses, as
+cached prefixes left in free slots are. Last: how much longer a decode of the lowest slots takes when its KV
+update first applies one such copy.
 """
 
 from __future__ import annotations
@@ -37,6 +42,19 @@ def median_decode_ms(backend: LlamaCppBackend, seqs: list[int], depth: int, repe
     return statistics.median(times)
 
 
+def move_ms(backend: LlamaCppBackend, rows: int, depth: int, repeat: int) -> float:
+    """A decode of the lowest `rows` slots right after a request's KV moved between the two slots above them
+    (llama.cpp copies at the decode's KV update), less the same decode without a move; medians."""
+    with_move, plain = [], []
+    for i in range(repeat):
+        src, dst = (rows, rows + 1) if i % 2 == 0 else (rows + 1, rows)
+        backend.copy_seq(src, dst)
+        backend.remove_seq(src)
+        with_move.append(median_decode_ms(backend, list(range(rows)), depth, 1))
+        plain.append(median_decode_ms(backend, list(range(rows)), depth, 1))
+    return statistics.median(with_move) - statistics.median(plain)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=positive_int, default=8, help="decode rows (at most half the slots)")
@@ -53,19 +71,25 @@ def main() -> None:
                      f"{args.idle_depth}")
     backend = LlamaCppBackend(LlamaCppConfig(n_seq_max=args.slots, n_threads=args.threads))
     low = list(range(args.rows))
+    gapped = {"one gap": [s for s in range(args.rows + 1) if s != args.rows // 2],
+              "two gaps": [s for s in range(args.rows + 2) if s not in (args.rows // 3, 2 * args.rows // 3 + 1)]}
     spread = [round(i * (args.slots - 1) / (args.rows - 1)) for i in range(args.rows)] if args.rows > 1 else [0]
-    for s in sorted(set(low + spread)):
+    used = sorted(set(low + spread + [s for seqs in gapped.values() for s in seqs]))
+    for s in used:
         fill(backend, s, args.depth)
-    idle = [s for s in range(args.slots) if s not in low and s not in spread]
     print(f"{args.rows} decode rows, {args.depth} tokens deep, {args.slots} slots (ms per decode, median)")
-    cases = [(f"lowest slots {low}", low), (f"spread over the slots {spread}", spread)]
+    cases = [(f"lowest slots {low}", low), *((f"{name} {seqs}", seqs) for name, seqs in gapped.items()),
+             (f"spread over the slots {spread}", spread)]
     for name, seqs in cases:
         print(f"  {name:<52}{median_decode_ms(backend, seqs, args.depth, args.repeat):8.1f}")
+    idle = [s for s in range(args.slots) if s not in used]
     for s in idle:
         fill(backend, s, args.idle_depth)
-    for name, seqs in cases:
+    for name, seqs in (cases[0], cases[-1]):
         label = f"{name}, {args.idle_depth} tokens in slots {idle}"
         print(f"  {label:<52}{median_decode_ms(backend, seqs, args.depth, args.repeat):8.1f}")
+    label = "lowest slots, a request's KV moved first (difference)"
+    print(f"  {label:<52}{move_ms(backend, args.rows, args.depth, args.repeat):+8.1f}")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "(default there: this CPU's bundled profile)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="do not reuse KV of earlier prompts sharing a prefix")
+    parser.add_argument("--no-compact-slots", dest="compact_slots", action="store_false",
+                        help="leave a running request in its slot when a lower one frees (per-sequence KV "
+                             "streams: every gap in the running slots costs llama.cpp one more forward pass a tick)")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="plan and fill the next batch while the current decode runs (for a GPU, whose decode "
                              "leaves the host idle; on CPU the host work competes with the kernels). A request "
@@ -95,8 +98,8 @@ def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> Ll
 def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:
     return EngineConfig(mode=mode, max_slots=args.max_slots, prefill_chunk_tokens=args.prefill_chunk_tokens,
                         n_batch=args.n_batch, policy=args.policy, kv_admission=args.kv_admission,
-                        queue=args.queue, prefix_cache=args.prefix_cache, itl_target_ms=args.itl_target_ms,
-                        tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
+                        queue=args.queue, prefix_cache=args.prefix_cache, compact_slots=args.compact_slots,
+                        itl_target_ms=args.itl_target_ms, tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
                         async_scheduling=args.async_scheduling, **overrides)
 
 

@@ -9,7 +9,7 @@ sets that up and calls this). Every step writes into --out; the last writes summ
 4. llama-batched-bench's decode ceiling at B = 1, 16, 64;
 5. cobali serve (with and without --async-scheduling) vs llama-server -np 16 (without and with its backend
    sampling) in turn, all requests at once;
-6. the servers under Poisson arrivals at several rates, taking turns (`bench serve --sweep`), with capacity;
+6. the servers (and cobali --no-compact-slots) under Poisson arrivals, in turn (`bench serve --sweep`), with capacity;
 7. host overhead per tick (time outside llama_decode) and its share of the tick.
 A step whose results are already in --out is not run again, so a call cut short by --deadline-s (exit 75)
 continues where it stopped when the same command is sent again.
@@ -187,10 +187,11 @@ def peers(kit: Kit, model: Path) -> dict:
 
 
 def sweep(kit: Kit, model: Path) -> dict:
-    """cobali serve (its defaults) and llama-server, both up, taking turns at each Poisson rate."""
+    """cobali serve (its defaults, and without slot compaction) and llama-server, all up, in turn at each rate."""
     args, folder = kit.args, kit.out / "sweep"
     if not (folder / "sweep.json").exists():
         servers = {k: v for k, v in server_commands(args, model).items() if k != "cobali-async"}
+        servers["cobali-no-compact"] = [*servers["cobali"][:-1], "--no-compact-slots", "--port"]  # gaps between slots
         with ExitStack() as stack:
             urls = [f"{name}={started(kit, stack, name, cmd)}" for name, cmd in servers.items()]
             limit = ["--num-prompts", str(args.sweep_num_prompts)] if args.sweep_num_prompts else []

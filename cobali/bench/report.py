@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cobali.bench.offline import BenchRun
+from cobali.engine.costfit import TickTerms
 from cobali.engine.plan import TickRecord
 from cobali.metrics import LATENCIES, percentile_stats, request_record, write_json
 
@@ -91,7 +92,8 @@ def tick_rows(ticks: Sequence[TickRecord]) -> list[dict]:
             "decode_ms": t.decode_s * 1e3, "host_before_ms": (t.decode_start - t.start) * 1e3,
             "host_after_ms": (t.end - t.decode_end) * 1e3,
             "gap_to_next_ms": None if after is None else after * 1e3,
-            "decode_rows": t.plan.n_decode, "prefill_rows": t.plan.n_prefill_tokens,
+            "decode_rows": t.plan.n_decode, "prefill_rows": t.plan.n_prefill_tokens, "slot_runs": t.plan.slot_runs,
+            "decode_kv_tokens": TickTerms.of_plan(t.plan).decode_kv_tokens,
             "n_running": t.n_running, "n_waiting": t.n_waiting,
         })
     return rows

@@ -40,7 +40,8 @@ class Engine:
         self.config = config = config or EngineConfig()
         if config.n_batch > backend.info.n_batch:
             raise ValueError(f"n_batch {config.n_batch} exceeds the backend's {backend.info.n_batch}")
-        self.slots = SlotPool(backend.info, config.max_slots, prefix_cache=config.prefix_cache)
+        self.slots = SlotPool(backend.info, config.max_slots, prefix_cache=config.prefix_cache,
+                              compact=config.compact_slots)
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cobali.backends.base import Backend, BackendInfo
-from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, TrimSlot
+from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, MoveSlot, TrimSlot
 
 BLOCK_TOKENS = 16
 
@@ -69,6 +69,9 @@ class KvAccountant:
     def drop(self, slot: int) -> None:
         self._held.pop(slot, None)
 
+    def move(self, source: int, slot: int) -> None:
+        self._held[slot] = self._held.pop(source, 0)
+
 
 @dataclass(frozen=True)
 class Assignment:
@@ -87,13 +90,15 @@ class SlotPool:
     until it is reused or evicted, and a new request starts from the longest cached prefix it shares."""
 
     def __init__(self, info: BackendInfo, max_slots: int, prefix_cache: bool = False,
-                 min_reuse_tokens: int = BLOCK_TOKENS) -> None:
+                 min_reuse_tokens: int = BLOCK_TOKENS, compact: bool = False) -> None:
         if not 1 <= max_slots <= info.n_seq_max:
             raise ValueError(f"max_slots must be in [1, {info.n_seq_max}], got {max_slots}")
         self.max_slots = max_slots
         self.prefix_cache = prefix_cache
         self.min_reuse_tokens = min_reuse_tokens
         self.accountant = KvAccountant(info, max_slots)
+        # Only per-sequence streams split a batch by seq_id runs; a unified KV runs any rows in one pass.
+        self.compacts = compact and not self.accountant.unified
         self._free: deque[int] = deque(range(max_slots))
         self._cached: dict[int, np.ndarray] = {}  # free slot -> tokens its KV still holds
         self._ops: list[KvOp] = []  # decided, not yet run by the engine
@@ -143,19 +148,46 @@ class SlotPool:
         return Assignment(slot, reused)
 
     def _take_fresh(self) -> int:
-        """With per-sequence streams, the lowest free slot, its cached prefix dropped if it holds one:
-        llama.cpp's attention spans every stream from a ubatch's lowest seq_id to its highest, so running
-        requests kept in the lowest slots cost the least (sparing cached prefixes instead scattered them over
-        all the slots, and made decode rows ~1.5-2x dearer; bench/kv_streams.py). With a unified KV the slot
-        costs nothing: the lowest one holding no cached prefix, else the least recently released."""
+        """With per-sequence streams, llama.cpp runs one forward pass per run of consecutive seq_ids among a
+        batch's rows: a slot next to the taken ones (compacting: the lowest gap between them first), else the
+        lowest free one, its cached prefix dropped if it holds one (sparing cached prefixes instead scattered
+        the running requests over all the slots, and made decode rows ~1.5-2x dearer; bench/kv_streams.py).
+        With a unified KV the slot costs nothing: the lowest one holding no cached prefix, else the least
+        recently released."""
         if self.accountant.unified:
             empty = [slot for slot in self._free if slot not in self._cached]
             slot = min(empty) if empty else self._free[0]
         else:
-            slot = min(self._free)
+            slot = self._slot_beside_taken() if self.compacts else min(self._free)
         self._free.remove(slot)
         self._clear(slot)
         return slot
+
+    def _slot_beside_taken(self) -> int:
+        free = set(self._free)
+        taken = [s for s in range(self.max_slots) if s not in free]
+        if not taken:
+            return min(free)
+        gaps = [s for s in free if taken[0] < s < taken[-1]]
+        if gaps:
+            return min(gaps)
+        return taken[0] - 1 if taken[0] > 0 else taken[-1] + 1
+
+    def fill_gap(self, slot: int) -> int | None:
+        """Move the running request in `slot`, the highest taken one, into the lowest free slot between the
+        taken ones (its cached prefix dropped), so that they form fewer runs. None: they form one already."""
+        assert self.compacts and slot not in self._free
+        free = set(self._free)
+        lowest = next(s for s in range(slot + 1) if s not in free)
+        dst = next((s for s in range(lowest, slot) if s in free), None)
+        if dst is None:
+            return None
+        self._free.remove(dst)
+        self._clear(dst)
+        self._ops.append(MoveSlot(slot, dst))
+        self.accountant.move(slot, dst)
+        self._free.append(slot)
+        return dst
 
     def _best_source(self, tokens: np.ndarray, sources: Iterable[tuple[int, np.ndarray]]) -> tuple[int | None, int]:
         best, best_len = None, 0
@@ -209,3 +241,6 @@ def run_kv_ops(backend: Backend, ops: tuple[KvOp, ...]) -> None:
                 # The whole sequence, then its tail dropped: llama.cpp copies between per-sequence streams only whole.
                 backend.copy_seq(source, slot, 0, -1)
                 backend.remove_seq(slot, n_tokens, -1)
+            case MoveSlot(source, slot):
+                backend.copy_seq(source, slot, 0, -1)
+                backend.remove_seq(source)

@@ -23,7 +23,7 @@ import numpy as np
 from cobali.backends.base import Backend, BatchArrays, DecodeError
 from cobali.engine.batch_fill import Filled, fill_batch
 from cobali.engine.kv import run_kv_ops
-from cobali.engine.plan import KvOp, Plan, TickRecord
+from cobali.engine.plan import KvOp, MoveSlot, Plan, TickRecord
 from cobali.engine.request import PENDING_TOKEN, FinishReason, Request, Sampled
 from cobali.engine.scheduler import Scheduler
 
@@ -172,7 +172,9 @@ class Pipeline:
         feed_rows = np.flatnonzero(arrays.tokens[: filled.n_rows] == PENDING_TOKEN)
         feed_slots = arrays.seq_ids[feed_rows]
         feed_src = None
-        if decoding is not None and engine.scheduler.preemptions == preemptions:
+        # A preemption or a slot move changes which slot a request's stand-in feeds from.
+        moved = any(isinstance(op, MoveSlot) for op in plan.kv_ops)
+        if decoding is not None and engine.scheduler.preemptions == preemptions and not moved:
             rows, row_of_slot = decoding.filled.sample_rows, self._row_of_slot
             row_of_slot.fill(-1)
             row_of_slot[decoding.arrays.seq_ids[rows]] = np.arange(len(rows))

@@ -4,6 +4,7 @@ then one batch of decode rows and prefill chunks."""
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
@@ -54,7 +55,15 @@ class CopyPrefix:
     n_tokens: int
 
 
-KvOp = ClearSlot | TrimSlot | CopyPrefix
+@dataclass(frozen=True)
+class MoveSlot:
+    """Move a running request's KV from `source` into the empty `slot`, leaving `source` empty."""
+
+    source: int
+    slot: int
+
+
+KvOp = ClearSlot | TrimSlot | CopyPrefix | MoveSlot
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,13 @@ class Plan:
         With per-sequence KV streams llama.cpp cuts a batch into micro-batches of consecutive seq_ids, so
         any other order multiplies the graph runs: a shuffled 16-row decode costs 1.5x a sorted one."""
         return tuple(sorted(self.chunks, key=lambda c: c.slot))
+
+    @property
+    def slot_runs(self) -> int:
+        """Runs of consecutive slots among the rows: with per-sequence KV streams, the forward passes llama.cpp
+        runs over one row of each (a prefill chunk's other rows may take more)."""
+        slots = sorted({c.slot for c in self.chunks})
+        return sum(b != a + 1 for a, b in itertools.pairwise(slots)) + bool(slots)
 
     @property
     def n_tokens(self) -> int:

@@ -12,6 +12,7 @@ from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.bench.fidelity import Trace, compare_runs, greedy_traces
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.plan import MoveSlot
 from cobali.engine.request import FinishReason
 from cobali.workloads import WorkItem
 
@@ -61,6 +62,18 @@ def test_cont_matches_seq_up_to_near_ties(backend, seq_traces, chunk: int) -> No
 def test_async_scheduling_matches_seq_up_to_near_ties(backend, seq_traces) -> None:
     """llama_decode on its own thread while the next batch is planned: outputs as without overlap."""
     report = compare_runs(seq_traces, traces(backend, "cont", prefill_chunk_tokens=8, async_scheduling=True))
+    assert report.passed and report.mostly_common, report.describe()
+
+
+def test_requests_moved_into_slot_gaps_match_seq_up_to_near_ties(backend) -> None:
+    """The request in slot 1 ends first, then the one in slot 3 (moved into 1): each move copies a request's KV
+    to another llama.cpp stream, and it goes on from there."""
+    items = [WorkItem(p, n) for p, n in zip(PROMPTS[:4], [16, 4, 10, 6], strict=True)]
+    reference = greedy_traces(Engine(backend, EngineConfig(mode="seq", max_slots=4, n_batch=256)), items, 16)
+    engine = Engine(backend, EngineConfig(max_slots=4, n_batch=256))
+    report = compare_runs(reference, greedy_traces(engine, items, 16))
+    moves = [op for t in engine.ticks for op in t.plan.kv_ops if isinstance(op, MoveSlot)]
+    assert moves == [MoveSlot(source=3, slot=1), MoveSlot(source=2, slot=1)]
     assert report.passed and report.mostly_common, report.describe()
 
 

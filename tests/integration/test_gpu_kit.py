@@ -40,6 +40,7 @@ def test_the_kit_runs_end_to_end_on_cpu_and_a_second_call_reuses_every_step(tmp_
     assert summary["peers"]["cobali"]["output_tok_s"] > 0 and summary["peers"]["cobali-async"]["output_tok_s"] > 0
     assert "llama-server (no --bin)" in summary["skipped"]
     assert [row["rate"] for row in summary["sweep"]["servers"]["cobali"]["rows"]] == [8.0]
+    assert [row["rate"] for row in summary["sweep"]["servers"]["cobali-no-compact"]["rows"]] == [8.0]
     text = (out / "summary.md").read_text()
     assert "| cont-split128 |" in text and "| kv-unified |" in text and "## Poisson sweep" in text
     assert (out / "kit.png").stat().st_size > 0
