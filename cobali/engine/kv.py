@@ -100,6 +100,7 @@ class SlotPool:
         # Only per-sequence streams split a batch by seq_id runs; a unified KV runs any rows in one pass.
         self.compacts = compact and not self.accountant.unified
         self._free: deque[int] = deque(range(max_slots))
+        self._no_gap = True  # no slot was taken or freed since fill_gap last found no gap (skips its scan)
         self._cached: dict[int, np.ndarray] = {}  # free slot -> tokens its KV still holds
         self._ops: list[KvOp] = []  # decided, not yet run by the engine
         self.queried_tokens = 0
@@ -138,6 +139,7 @@ class SlotPool:
         if source is not None and source in self._free:
             slot = source  # the prefix is already in this very slot: keep it, drop the rest
             self._free.remove(slot)
+            self._no_gap = False
             self._ops.append(TrimSlot(slot, reused))
         else:
             slot = self._take_fresh()
@@ -160,6 +162,7 @@ class SlotPool:
         else:
             slot = self._slot_beside_taken() if self.compacts else min(self._free)
         self._free.remove(slot)
+        self._no_gap = False
         self._clear(slot)
         return slot
 
@@ -173,6 +176,10 @@ class SlotPool:
             return min(gaps)
         return taken[0] - 1 if taken[0] > 0 else taken[-1] + 1
 
+    @property
+    def may_have_gap(self) -> bool:
+        return self.compacts and not self._no_gap
+
     def fill_gap(self, slot: int) -> int | None:
         """Move the running request in `slot`, the highest taken one, into the lowest free slot between the
         taken ones (its cached prefix dropped), so that they form fewer runs. None: they form one already."""
@@ -181,6 +188,7 @@ class SlotPool:
         lowest = next(s for s in range(slot + 1) if s not in free)
         dst = next((s for s in range(lowest, slot) if s in free), None)
         if dst is None:
+            self._no_gap = True
             return None
         self._free.remove(dst)
         self._clear(dst)
@@ -210,6 +218,7 @@ class SlotPool:
         else:
             self._clear(slot)
         self._free.append(slot)
+        self._no_gap = False
 
     def evict_one(self) -> bool:
         """Drop the least recently released cached prefix (to free pool cells); False if none is left."""

@@ -161,7 +161,7 @@ class Scheduler:
         tick = TickBuilder(self._queues, self.tick, budget, generating, prefilling, may_admit=not preempted,
                            fit_policy=fit_policy)
         self.batch.compose(tick)
-        if self.slots.compacts:
+        if self.slots.may_have_gap:
             self._compact(tick.chunks)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
         # free only because this tick's token budget or KV ran out are not waste.
