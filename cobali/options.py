@@ -80,7 +80,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="do not reuse KV of earlier prompts sharing a prefix")
     parser.add_argument("--no-compact-slots", dest="compact_slots", action="store_false",
-                        help="leave a running request in its slot when a lower one frees (per-sequence KV "
+                        help="leave a gap when a slot between running ones frees (per-sequence KV "
                              "streams: every gap in the running slots costs llama.cpp one more forward pass a tick)")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="plan and fill the next batch while the current decode runs (for a GPU, whose decode "

@@ -21,8 +21,8 @@ class EngineConfig:
     kv_admission: str = "reserve"
     queue: str = "fifo"
     prefix_cache: bool = True
-    # Per-sequence KV streams: keep the running requests in the lowest slots, moving one down into a hole
-    # a tick (llama.cpp runs a forward pass per run of consecutive seq_ids).
+    # Per-sequence KV streams: keep the running requests in one run of slots, moving one into a gap a tick
+    # (llama.cpp runs a forward pass per run of consecutive seq_ids).
     compact_slots: bool = True
     itl_target_ms: float = 0.0  # > 0: adaptive tick budget from a cost profile; 0: fixed n_batch
     tpot_slo_ms: float = 0.0  # > 0: the deadline budget (engine/budget.py), bounded by itl_max_ms (0: none)

@@ -167,14 +167,21 @@ class SlotPool:
         return slot
 
     def _slot_beside_taken(self) -> int:
-        free = set(self._free)
-        taken = [s for s in range(self.max_slots) if s not in free]
+        taken = self._taken()
         if not taken:
-            return min(free)
-        gaps = [s for s in free if taken[0] < s < taken[-1]]
-        if gaps:
-            return min(gaps)
+            return min(self._free)
+        gap = self._lowest_gap(taken)
+        if gap is not None:
+            return gap
         return taken[0] - 1 if taken[0] > 0 else taken[-1] + 1
+
+    def _taken(self) -> list[int]:
+        free = set(self._free)
+        return [s for s in range(self.max_slots) if s not in free]
+
+    def _lowest_gap(self, taken: list[int]) -> int | None:
+        """The lowest free slot between the lowest and the highest taken one (taken: sorted)."""
+        return next((s for s, t in zip(range(taken[0], taken[-1]), taken, strict=False) if s != t), None)
 
     @property
     def may_have_gap(self) -> bool:
@@ -183,10 +190,10 @@ class SlotPool:
     def fill_gap(self, slot: int) -> int | None:
         """Move the running request in `slot`, the highest taken one, into the lowest free slot between the
         taken ones (its cached prefix dropped), so that they form fewer runs. None: they form one already."""
-        assert self.compacts and slot not in self._free
-        free = set(self._free)
-        lowest = next(s for s in range(slot + 1) if s not in free)
-        dst = next((s for s in range(lowest, slot) if s in free), None)
+        assert self.compacts
+        taken = self._taken()
+        assert taken[-1] == slot, f"slot {slot} is not the highest taken one"
+        dst = self._lowest_gap(taken)
         if dst is None:
             self._no_gap = True
             return None

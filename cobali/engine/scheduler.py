@@ -130,7 +130,7 @@ class Scheduler:
 
     def _compact(self, chunks: list[Chunk]) -> None:
         """With per-sequence KV streams llama.cpp runs one forward pass per run of consecutive seq_ids among
-        a batch's rows, so a free slot below a running request splits every decode in two: +25 % a tick on
+        a batch's rows, so a free slot between running ones splits every decode in two: +25 % a tick on
         this CPU, and a whole extra weight read on a GPU. Once this tick's admissions filled what gaps they
         could, the request in the highest slot moves into the lowest gap left, one a tick: the copy costs about
         half what a gap costs each tick (bench/kv_streams.py)."""
