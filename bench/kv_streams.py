@@ -1,18 +1,18 @@
 """What a decode costs by which sequences it carries, with per-sequence KV streams (llama.cpp's layout here):
 llama.cpp runs one forward pass per run of consecutive seq_ids among a batch's rows, and its attention views
 every stream from a pass's lowest seq_id to its highest, so the same rows cost more when their seq_ids are
-scattered or leave a gap, and more again when the streams between them hold KV. cobali's scheduler closes a
-gap by moving the request in the highest slot into it (a whole-stream copy, llama_memory_seq_cp across
-streams): the last line prices that copy.
+scattered or leave a gap; where the run sits, and what the other streams hold, should not matter. cobali's
+scheduler closes a gap by moving the request in the highest slot into it (a whole-stream copy,
+llama_memory_seq_cp across streams): the last line prices that copy.
 
     .venv/bin/python bench/kv_streams.py                  # 8 rows of 16 slots, 300 tokens deep, 2 threads
     .venv/bin/python bench/kv_streams.py --rows 4 --threads 1
 
 Each line: the median ms of `--repeat` decodes of one row for each of `--rows` sequences (all `--depth`
-tokens deep), for one choice of seq_ids: the lowest slots, the same with one or two gaps, or spread over all of
-them; then the first and last again with a `--idle-depth`-token prompt in each slot none of them uses, as
-cached prefixes left in free slots are. Last: how much longer a decode of the lowest slots takes when its KV
-update first applies one such copy.
+tokens deep), for one choice of seq_ids: the lowest slots, the highest, the lowest with one or two gaps, or
+spread over all of them; then the lowest and the spread again with a `--idle-depth`-token prompt in each slot
+neither uses, as cached prefixes left in free slots are. Last: how much longer a decode of the lowest slots
+takes when its KV update first applies one such copy.
 """
 
 from __future__ import annotations
@@ -70,19 +70,20 @@ def main() -> None:
         parser.error(f"--depth and --idle-depth must be under {DEFAULT_CTX_PER_SEQ}, got {args.depth} and "
                      f"{args.idle_depth}")
     backend = LlamaCppBackend(LlamaCppConfig(n_seq_max=args.slots, n_threads=args.threads))
-    low = list(range(args.rows))
+    low, high = list(range(args.rows)), list(range(args.slots - args.rows, args.slots))
     gapped = {"one gap": [s for s in range(args.rows + 1) if s != args.rows // 2],
               "two gaps": [s for s in range(args.rows + 2) if s not in (args.rows // 3, 2 * args.rows // 3 + 1)]}
     spread = [round(i * (args.slots - 1) / (args.rows - 1)) for i in range(args.rows)] if args.rows > 1 else [0]
-    used = sorted(set(low + spread + [s for seqs in gapped.values() for s in seqs]))
+    used = sorted(set(low + high + spread + [s for seqs in gapped.values() for s in seqs]))
     for s in used:
         fill(backend, s, args.depth)
     print(f"{args.rows} decode rows, {args.depth} tokens deep, {args.slots} slots (ms per decode, median)")
-    cases = [(f"lowest slots {low}", low), *((f"{name} {seqs}", seqs) for name, seqs in gapped.items()),
+    cases = [(f"lowest slots {low}", low), (f"highest slots {high}", high),
+             *((f"{name} {seqs}", seqs) for name, seqs in gapped.items()),
              (f"spread over the slots {spread}", spread)]
     for name, seqs in cases:
         print(f"  {name:<52}{median_decode_ms(backend, seqs, args.depth, args.repeat):8.1f}")
-    idle = [s for s in range(args.slots) if s not in used]
+    idle = [s for s in range(args.slots) if s not in low + spread]
     for s in idle:
         fill(backend, s, args.idle_depth)
     for name, seqs in (cases[0], cases[-1]):

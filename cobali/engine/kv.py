@@ -136,69 +136,104 @@ class SlotPool:
         self.queried_tokens += len(tokens)
         if reused < self.min_reuse_tokens:
             source, reused = None, 0
-        if source is not None and source in self._free:
+        if source is not None and source in self._free and self._keeps_runs(source):
             slot = source  # the prefix is already in this very slot: keep it, drop the rest
             self._free.remove(slot)
             self._no_gap = False
             self._ops.append(TrimSlot(slot, reused))
         else:
-            slot = self._take_fresh()
+            slot = self._take_fresh(keep=source)
             if source is not None:
                 self._ops.append(CopyPrefix(source, slot, reused))
         self._cached.pop(slot, None)
         self.hit_tokens += reused
         return Assignment(slot, reused)
 
-    def _take_fresh(self) -> int:
-        """With per-sequence streams, llama.cpp runs one forward pass per run of consecutive seq_ids among a
-        batch's rows: a slot next to the taken ones (compacting: the lowest gap between them first), else the
-        lowest free one, its cached prefix dropped if it holds one (sparing cached prefixes instead scattered
-        the running requests over all the slots, and made decode rows ~1.5-2x dearer; bench/kv_streams.py).
-        With a unified KV the slot costs nothing: the lowest one holding no cached prefix, else the least
-        recently released."""
+    def _take_fresh(self, keep: int | None = None) -> int:
+        """A free slot for a request that reuses none of its KV. With per-sequence streams llama.cpp runs one
+        forward pass per run of consecutive seq_ids among a batch's rows, so a slot that keeps the taken ones
+        one run (compacting: a gap between them first, else one beside them), else the lowest free one. With a
+        unified KV any slot costs the same. Among those, the one whose cached prefix is worth least. `keep`: a
+        slot whose prefix the request is about to copy."""
         if self.accountant.unified:
-            empty = [slot for slot in self._free if slot not in self._cached]
-            slot = min(empty) if empty else self._free[0]
+            slot = self._spare_cached(list(self._free))
+        elif self.compacts:
+            slot = self._spare_cached(self._slots_keeping_runs())
         else:
-            slot = self._slot_beside_taken() if self.compacts else min(self._free)
-        self._free.remove(slot)
-        self._no_gap = False
-        self._clear(slot)
+            slot = min(self._free)
+        self._take(slot, keep)
         return slot
 
-    def _slot_beside_taken(self) -> int:
+    def _take(self, slot: int, keep: int | None = None) -> None:
+        """Take free `slot`, emptied. Compacting, a cached prefix in it moves to a free slot worth less (the
+        highest holding none, else one released before it; never `keep`) and keeps its place in the release
+        order: the cache then loses its least recently released prefix, not the one that happened to sit
+        where the running slots grow (one stream copy, bench/kv_streams.py)."""
+        target = self._spare_slot(slot, keep) if self.compacts and slot in self._cached else None
+        if target is None:
+            self._free.remove(slot)
+            self._clear(slot)
+        else:
+            self._free.remove(target)
+            self._free[self._free.index(slot)] = target
+            self._clear(target)
+            self._ops.append(MoveSlot(slot, target))
+            self.accountant.move(slot, target)
+            self._cached[target] = self._cached.pop(slot)
+        self._no_gap = False
+
+    def _spare_slot(self, slot: int, keep: int | None) -> int | None:
+        empty = [s for s in self._free if s not in self._cached and s != slot]
+        if empty:
+            return max(empty)
+        older = itertools.takewhile(lambda s: s != slot, self._free)
+        return next((s for s in older if s != keep), None)
+
+    def _spare_cached(self, slots: list[int]) -> int:
+        """Of `slots` (free), the lowest holding no cached prefix, else the least recently released: the
+        cached prefixes of the other free slots stay for the requests that come back to them (a chat's next
+        turn), as many as there are free slots."""
+        empty = [slot for slot in slots if slot not in self._cached]
+        if empty:
+            return min(empty)
+        return next(slot for slot in self._free if slot in slots)
+
+    def _slots_keeping_runs(self) -> list[int]:
+        """The free slots a request may take without adding a run of taken ones: the gaps between them, else
+        the slots either side; every free slot while none is taken."""
         taken = self._taken()
         if not taken:
-            return min(self._free)
-        gap = self._lowest_gap(taken)
-        if gap is not None:
-            return gap
-        return taken[0] - 1 if taken[0] > 0 else taken[-1] + 1
+            return list(self._free)
+        return self._gaps(taken) or [s for s in (taken[0] - 1, taken[-1] + 1) if 0 <= s < self.max_slots]
+
+    def _keeps_runs(self, slot: int) -> bool:
+        return not self.compacts or slot in self._slots_keeping_runs()
 
     def _taken(self) -> list[int]:
         free = set(self._free)
         return [s for s in range(self.max_slots) if s not in free]
 
-    def _lowest_gap(self, taken: list[int]) -> int | None:
-        """The lowest free slot between the lowest and the highest taken one (taken: sorted)."""
-        return next((s for s, t in zip(range(taken[0], taken[-1]), taken, strict=False) if s != t), None)
+    def _gaps(self, taken: list[int]) -> list[int]:
+        """The free slots between the lowest and the highest taken one (taken: sorted)."""
+        held = set(taken)
+        return [s for s in range(taken[0], taken[-1]) if s not in held]
 
     @property
     def may_have_gap(self) -> bool:
         return self.compacts and not self._no_gap
 
     def fill_gap(self, slot: int) -> int | None:
-        """Move the running request in `slot`, the highest taken one, into the lowest free slot between the
-        taken ones (its cached prefix dropped), so that they form fewer runs. None: they form one already."""
+        """Move the running request in `slot`, the highest taken one, into a free slot between the taken ones
+        (the one whose cached prefix is worth least), so that they form fewer runs. None: they form one already."""
         assert self.compacts
         taken = self._taken()
         assert taken[-1] == slot, f"slot {slot} is not the highest taken one"
-        dst = self._lowest_gap(taken)
-        if dst is None:
+        gaps = self._gaps(taken)
+        if not gaps:
             self._no_gap = True
             return None
-        self._free.remove(dst)
-        self._clear(dst)
+        dst = self._spare_cached(gaps)
+        self._take(dst)
         self._ops.append(MoveSlot(slot, dst))
         self.accountant.move(slot, dst)
         self._free.append(slot)

@@ -147,7 +147,7 @@ class TickBuilder:
         reusable = request.all_tokens if request.params.prompt_logprobs is None else None
         assignment = q.slots.assign(reusable, sources)
         request.slot = assignment.slot
-        request.computed_tokens = assignment.reused_tokens
+        request.computed_tokens = request.cached_tokens = assignment.reused_tokens
         acc.hold(assignment.slot, need)
         request.transition(RequestState.PREFILL)
         q.running.append(request)

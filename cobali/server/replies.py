@@ -97,8 +97,10 @@ class Reply:
 
     def usage(self) -> dict:
         completion = sum(len(r.output_tokens) for r in self.generation.requests)
+        # The prompt counts once however many choices share it; so do its cached tokens (the first choice's).
+        cached = min(self.generation.requests[0].cached_tokens, self.prompt_tokens)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+                "total_tokens": self.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
     def new_logprobs(self, index: int, end: int | None = None) -> dict | None:
         """The logprobs of choice `index`'s tokens not reported yet, up to token `end` (None: all of them)."""

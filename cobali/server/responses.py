@@ -69,7 +69,8 @@ class ResponseObject:
         }
         if status != "in_progress":
             output_tokens = len(request.output_tokens)
-            response["usage"] = {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
+            response["usage"] = {"input_tokens": self.input_tokens,
+                                 "input_tokens_details": {"cached_tokens": request.cached_tokens},
                                  "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                                  "total_tokens": self.input_tokens + output_tokens}
         return response

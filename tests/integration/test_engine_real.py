@@ -77,6 +77,24 @@ def test_requests_moved_into_slot_gaps_match_seq_up_to_near_ties(backend) -> Non
     assert report.passed and report.mostly_common, report.describe()
 
 
+def test_a_prefix_moved_out_of_a_gap_is_reused_up_to_near_ties(backend) -> None:
+    """The request in slot 1 ends first and leaves its KV there; closing the gap moves that KV to slot 3 before
+    the request in slot 2 moves in. Sent again, the prompt prefills only its last token, from the moved KV."""
+    prompt = PROMPTS[6]
+    items = [WorkItem(PROMPTS[1], 16), WorkItem(prompt, 4), WorkItem(PROMPTS[4], 10)]
+    engine = Engine(backend, EngineConfig(max_slots=4, n_batch=256))
+    greedy_traces(engine, items, 16)
+    moves = [op for t in engine.ticks for op in t.plan.kv_ops if isinstance(op, MoveSlot)]
+    assert moves == [MoveSlot(source=1, slot=3), MoveSlot(source=2, slot=1)]
+    hits = engine.slots.hit_tokens
+    again = greedy_traces(engine, [WorkItem(prompt, 12)], 16)
+    assert engine.slots.hit_tokens - hits == len(backend.tokenize(prompt)) - 1
+    reference = greedy_traces(Engine(backend, EngineConfig(mode="seq", max_slots=4, n_batch=256,
+                                                           prefix_cache=False)), [WorkItem(prompt, 12)], 16)
+    report = compare_runs(reference, again)
+    assert report.passed and report.mostly_common, report.describe()
+
+
 def test_sampling_chain_with_seed_is_reproducible(backend) -> None:
     params = SamplingParams(max_tokens=12, temperature=0.9, top_k=40, top_p=0.95, min_p=0.05,
                             repetition_penalty=1.1, seed=3, ignore_eos=True)

@@ -115,19 +115,93 @@ def test_lru_cached_prefix_is_evicted_first() -> None:
     assert engine.backend.kv[2] == []
 
 
-def test_with_per_sequence_streams_a_new_request_takes_the_lowest_slot_over_a_cached_prefix() -> None:
-    """llama.cpp's attention spans the streams between a batch's lowest and highest seq_id: running requests
-    must stay in the lowest slots, even at the cost of a cached prefix (bench/kv_streams.py)."""
-    engine = make_engine(slots=3)
+def test_at_idle_each_prompt_keeps_its_kv_until_every_slot_holds_one() -> None:
+    """A chat's next turn, or a prompt sent again, finds its KV as long as fewer than max_slots other prompts
+    came between: a new request takes a slot holding no cached prefix, else the least recently released."""
+    engine = make_engine(slots=4)
+    prompts = [prompt(30, s) for s in range(6)]
+
+    def send(p: list[int]) -> int:
+        hits = engine.slots.hit_tokens
+        engine.generate([p], SamplingParams(max_tokens=1))
+        return engine.slots.hit_tokens - hits
+
+    assert [send(p) for p in prompts[:4]] == [0] * 4
+    assert [engine.backend.kv[s][:30] for s in range(4)] == prompts[:4]
+    assert send(prompts[4]) == 0 and engine.backend.kv[0][:30] == prompts[4], "every slot holds one: the oldest goes"
+    assert send(prompts[1]) == 29, "all but the last prompt token reused"
+    assert send(prompts[5]) == 0 and engine.backend.kv[2][:30] == prompts[5], "slot 1 was used again: slot 2 goes"
+    assert [send(p) for p in (prompts[1], prompts[3], prompts[4], prompts[5])] == [29] * 4
+    assert send(prompts[2]) == 0
+
+
+def test_with_per_sequence_streams_a_new_request_keeps_the_running_slots_one_run_and_spares_cached_kv() -> None:
+    """llama.cpp runs one forward pass per run of consecutive seq_ids (bench/kv_streams.py): a new request takes
+    a slot beside the running ones, of those one holding no cached prefix; where each holds one, that prefix
+    moves to the least recently released one's slot."""
+    engine = make_engine(slots=5)
     a, b = prompt(30, 1), prompt(30, 2)
-    engine.generate([a, b], SamplingParams(max_tokens=1))
-    assert (engine.backend.kv[0], engine.backend.kv[1], engine.backend.kv[2]) == (a, b, [])  # both prefixes kept
-    c = engine.add_request(prompt(30, 3), SamplingParams(max_tokens=2, ignore_eos=True))
-    engine.step()
-    assert c.slot == 0, "slot 2 is empty, but slot 0 keeps the running seq_ids lowest"
-    hits = engine.slots.hit_tokens
+    engine.generate([a], SamplingParams(max_tokens=1))
     engine.generate([b], SamplingParams(max_tokens=1))
-    assert engine.slots.hit_tokens - hits == 29, "b's prefix, in slot 1, is still reused"
+    c = engine.add_request(prompt(30, 3), LONG)
+    engine.step()
+    d = engine.add_request(prompt(30, 4), LONG)
+    engine.step()
+    assert (c.slot, d.slot) == (2, 3), "slots 0 and 1 hold a's and b's KV: c and d take the empty ones"
+    e = engine.add_request(prompt(30, 5), LONG)
+    f = engine.add_request(prompt(30, 6), LONG)
+    engine.step()
+    assert {e.slot, f.slot} == {1, 4}, "beside the run: the empty slot 4, then slot 1"
+    assert engine.backend.kv[0][:30] == b, "b's KV moved out of slot 1 into slot 0: a's, released first, went"
+    hits = engine.slots.hit_tokens
+    g = engine.add_request(b, LONG)
+    engine.step()
+    assert g.slot == 0 and engine.slots.hit_tokens - hits == 29
+
+
+def test_a_moved_prefix_keeps_its_place_in_the_release_order() -> None:
+    engine = make_engine(slots=5)
+    a, b, g = prompt(30, 1), prompt(30, 2), prompt(30, 3)
+    for p in (a, b, g, b):  # slots 0, 1, 2, then 1 again: b is the most recently released
+        engine.generate([p], SamplingParams(max_tokens=1))
+    for s in range(3):  # slots 3, 4, then 2: g's KV moves to slot 0 (a's, the oldest, goes)
+        engine.add_request(prompt(30, 10 + s), LONG)
+        engine.step()
+    assert engine.backend.kv[0][:30] == g and engine.backend.kv[1][:30] == b
+    engine.add_request(prompt(30, 20), LONG)  # slot 1: b's KV is newer than g's, so b's moves over g's
+    engine.step()
+    assert engine.backend.kv[0][:30] == b
+
+
+def test_closing_a_gap_moves_the_prefix_cached_in_it_to_an_empty_slot() -> None:
+    engine = make_engine(slots=6)
+    x, y, z = (engine.add_request(prompt(30, s), SamplingParams(max_tokens=n, ignore_eos=True))
+               for s, n in ((1, 40), (2, 3), (3, 40)))
+    while not y.is_finished:
+        engine.step()
+    assert (x.slot, z.slot) == (0, 2) and engine.backend.kv[1][:30] == y.prompt_tokens
+    engine.step()
+    assert z.slot == 1, "z moved into the gap"
+    assert engine.backend.kv[5][:30] == y.prompt_tokens, "y's KV moved to the highest empty slot, not dropped"
+    hits = engine.slots.hit_tokens
+    engine.generate([y.prompt_tokens], SamplingParams(max_tokens=1))
+    assert engine.slots.hit_tokens - hits == 29
+
+
+def test_a_cached_prefix_away_from_the_running_slots_is_copied_beside_them_and_kept() -> None:
+    engine = make_engine(slots=4)
+    a = prompt(30, 1)
+    for p in (a, prompt(30, 2), prompt(30, 3)):
+        engine.generate([p], SamplingParams(max_tokens=1))
+    x = engine.add_request(prompt(30, 4), LONG)
+    engine.step()
+    assert x.slot == 3
+    follow_up = engine.add_request(a + prompt(8, 5), LONG)
+    hits = engine.slots.hit_tokens
+    engine.step()
+    assert follow_up.slot == 2, "beside the running slot 3, not in slot 0 (a gap of two)"
+    assert engine.slots.hit_tokens - hits == 30
+    assert engine.backend.kv[0][:30] == a, "the copy's source keeps a's KV for the next request that shares it"
 
 
 def test_head_of_line_bypass_is_bounded() -> None:

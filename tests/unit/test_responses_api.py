@@ -33,6 +33,8 @@ def test_text_input_with_instructions(chatting: OpenAI) -> None:
     assert response.output_text == "It is sunny."
     assert response.usage.input_tokens == len("[system]Be brief.[user]Weather?~")
     assert response.usage.output_tokens == len("It is sunny.") + 1  # and the end-of-generation token
+    again = chatting.responses.create(model="fake-model", input="Weather?", instructions="Be brief.")
+    assert again.usage.input_tokens_details.cached_tokens == again.usage.input_tokens - 1, "the same prompt's KV"
 
 
 def test_max_output_tokens_makes_it_incomplete(chatting: OpenAI) -> None:

@@ -59,7 +59,19 @@ def test_completion_matches_the_engine_and_counts_usage(api: TestClient) -> None
     [choice] = body["choices"]
     assert choice["text"] == expected_text("hello", 8)
     assert choice["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_a_prompt_sent_again_reports_its_cached_tokens_in_usage_and_metrics(api: TestClient) -> None:
+    request = {"prompt": "a prompt long enough to be worth keeping", "max_tokens": 4, "ignore_eos": True}
+    first = api.post("/v1/completions", json=request).json()["usage"]
+    again = api.post("/v1/completions", json=request).json()["usage"]
+    assert first["prompt_tokens"] == again["prompt_tokens"] == 40
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["prompt_tokens_details"] == {"cached_tokens": 39}, "all but the last prompt token"
+    text = api.get("/metrics").text
+    assert "cobali:prefix_cache_queries_total 80.0" in text and "cobali:prefix_cache_hits_total 39.0" in text
 
 
 def test_streamed_completion_equals_the_whole_one(api: TestClient) -> None:
@@ -109,7 +121,8 @@ def test_n_choices_and_prompt_batches(api: TestClient) -> None:
     body = api.post("/v1/completions", json={"prompt": ["ab", "cde"], "n": 2, "max_tokens": 3,
                                              "ignore_eos": True, "seed": 7}).json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_completion_logprobs_whole_and_streamed(api: TestClient) -> None:
