@@ -156,9 +156,9 @@ class SlotPool:
         unified KV any slot costs the same. Among those, the one whose cached prefix is worth least. `keep`: a
         slot whose prefix the request is about to copy."""
         if self.accountant.unified:
-            slot = self._spare_cached(list(self._free))
+            slot = self._worth_least(list(self._free))
         elif self.compacts:
-            slot = self._spare_cached(self._slots_keeping_runs())
+            slot = self._worth_least(self._slots_keeping_runs())
         else:
             slot = min(self._free)
         self._take(slot, keep)
@@ -183,20 +183,21 @@ class SlotPool:
         self._no_gap = False
 
     def _spare_slot(self, slot: int, keep: int | None) -> int | None:
-        empty = [s for s in self._free if s not in self._cached and s != slot]
-        if empty:
-            return max(empty)
-        older = itertools.takewhile(lambda s: s != slot, self._free)
-        return next((s for s in older if s != keep), None)
+        """Where `slot`'s cached prefix may go: a free slot holding none (the highest, away from where runs
+        start), else one released before it; never `keep`. None: it is the least recently released."""
+        older = set(itertools.takewhile(lambda s: s != slot, self._free))
+        spare = [s for s in self._free if s not in (slot, keep) and (s in older or s not in self._cached)]
+        return self._worth_least(spare, highest=True) if spare else None
 
-    def _spare_cached(self, slots: list[int]) -> int:
-        """Of `slots` (free), the lowest holding no cached prefix, else the least recently released: the
-        cached prefixes of the other free slots stay for the requests that come back to them (a chat's next
-        turn), as many as there are free slots."""
+    def _worth_least(self, slots: list[int], highest: bool = False) -> int:
+        """Of `slots` (free), the lowest (or highest) holding no cached prefix, else the least recently
+        released: the cached prefixes of the other free slots stay for the requests that come back to them (a
+        chat's next turn), as many as there are free slots."""
         empty = [slot for slot in slots if slot not in self._cached]
         if empty:
-            return min(empty)
-        return next(slot for slot in self._free if slot in slots)
+            return max(empty) if highest else min(empty)
+        among = set(slots)
+        return next(slot for slot in self._free if slot in among)
 
     def _slots_keeping_runs(self) -> list[int]:
         """The free slots a request may take without adding a run of taken ones: the gaps between them, else
@@ -232,7 +233,7 @@ class SlotPool:
         if not gaps:
             self._no_gap = True
             return None
-        dst = self._spare_cached(gaps)
+        dst = self._worth_least(gaps)
         self._take(dst)
         self._ops.append(MoveSlot(slot, dst))
         self.accountant.move(slot, dst)
