@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cobali.engine.costfit import CostCoefficients, OnlineCostFit, TickTerms
+from cobali.engine.plan import Plan
 from cobali.engine.request import Request
 
 
@@ -37,8 +38,8 @@ class TickBudget(Protocol):
         now: when the tick starts, on the engine's clock."""
         ...
 
-    def observe(self, terms: TickTerms, seconds: float) -> None:
-        """Learn from a tick that carried `terms` and took `seconds`."""
+    def observe(self, plan: Plan, seconds: float) -> None:
+        """Learn from a tick that ran `plan` and took `seconds`."""
         ...
 
 
@@ -49,8 +50,8 @@ class FixedBudget:
     def tokens(self, decoding: Sequence[Request], prefill_depth: int = 0, now: float = 0.0) -> int:
         return self.n_batch
 
-    def observe(self, terms: TickTerms, seconds: float) -> None:
-        pass
+    def observe(self, plan: Plan, seconds: float) -> None:
+        pass  # nothing to learn: not even the plan's terms are worth a pass over its rows
 
 
 @dataclass
@@ -114,7 +115,8 @@ class AdaptiveBudget:
         n_decode = len(decoding)
         return n_decode + self.prefill_tokens(n_decode, sum(r.n_context_tokens for r in decoding), prefill_depth)
 
-    def observe(self, terms: TickTerms, seconds: float) -> None:
+    def observe(self, plan: Plan, seconds: float) -> None:
+        terms = TickTerms.of_plan(plan)
         self.costs.observe(terms, seconds)
         if self.tail is not None:
             self.tail.observe(terms)
@@ -177,8 +179,8 @@ class DeadlineBudget:
         slack = max(min(self.due(r, decode_s, now) for r in decoding) - now, self.itl_floor_s)
         return len(decoding) + prefill_within(slack, self.costs, self.n_batch, self.min_chunk, decodes, prefill_depth)
 
-    def observe(self, terms: TickTerms, seconds: float) -> None:
-        self.costs.observe(terms, seconds)
+    def observe(self, plan: Plan, seconds: float) -> None:
+        self.costs.observe(TickTerms.of_plan(plan), seconds)
 
 
 class BudgetSettings(Protocol):

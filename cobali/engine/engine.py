@@ -12,7 +12,7 @@ import numpy as np
 from cobali.backends.base import Backend, DecodeError, SamplingParams
 from cobali.engine.batch_fill import Filled, fill_batch, record_all_prompt_logprobs
 from cobali.engine.budget import tick_budget
-from cobali.engine.costfit import CostCoefficients, TickTerms
+from cobali.engine.costfit import CostCoefficients
 from cobali.engine.detok import TextStream
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv import SlotPool, run_kv_ops
@@ -145,7 +145,7 @@ class Engine:
     def close_tick(self, record: TickRecord, seconds: float | None) -> None:
         """Learn the tick's cost (seconds: what it cost the clients; None: it failed) and publish its record."""
         if seconds is not None:
-            self.scheduler.budget.observe(TickTerms.of_plan(record.plan), seconds)
+            self.scheduler.budget.observe(record.plan, seconds)
         if self.config.record_ticks:
             self.ticks.append(record)
         if self.on_tick is not None:

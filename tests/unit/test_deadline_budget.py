@@ -140,6 +140,17 @@ def test_slack_goes_into_one_long_chunk_and_the_slo_holds() -> None:
     assert (times[-1] - times[0]) / (len(times) - 1) <= 0.100  # the TPOT SLO holds
 
 
+def test_the_budget_learns_from_every_tick_the_engine_runs() -> None:
+    """Without a seeded profile the deadline budget starts unconfident and must learn the costs online."""
+    backend = SimBackend(PROFILE, n_seq_max=4, n_batch=512)
+    engine = Engine(backend, EngineConfig(max_slots=4, n_batch=512, tpot_slo_ms=100), clock=backend.clock)
+    for i in range(4):
+        engine.add_request([5 + i] * (50 + 100 * i), SamplingParams(max_tokens=30, ignore_eos=True))
+    engine.run_until_done()
+    costs = engine.scheduler.budget.costs
+    assert costs.n_ticks == len(engine.ticks) and costs.confident
+
+
 def test_the_itl_bound_caps_one_gap() -> None:
     first, chunks, _ = run_beside_a_long_prompt(tpot_slo_ms=100, itl_max_ms=300)
     assert chunks == [142, 142, 116]  # (300 - 15 ms of decode) / 2 ms = 142 tokens a tick
