@@ -18,7 +18,7 @@ import asyncio
 import statistics
 from pathlib import Path
 
-from cobali.bench.serve_client import ServeOptions, run_serve
+from cobali.bench.serve_client import ServeOptions, endpoints, run_serve
 from cobali.options import positive_int
 from cobali.workloads import WorkItem
 
@@ -51,6 +51,11 @@ def main() -> None:
         raise SystemExit(f"--prompts {args.prompts}: no prompt on its first line")
     items = [WorkItem(lines[0], args.max_tokens)] * args.requests
     servers = [named_url(spec) for spec in args.url]
+    for _, url in servers:
+        try:
+            endpoints(url)
+        except ValueError as err:
+            parser.error(str(err))
     for _, url in servers:  # warm-up: each server caches the prompt's KV
         measure(url, items[:1])
     ratios: dict[str, dict[str, list[float]]] = {name: {m: [] for m in METRICS} for name, _ in servers[1:]}
