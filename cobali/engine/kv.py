@@ -136,29 +136,30 @@ class SlotPool:
         self.queried_tokens += len(tokens)
         if reused < self.min_reuse_tokens:
             source, reused = None, 0
-        if source is not None and source in self._free and self._keeps_runs(source):
+        keeping = self._slots_keeping_runs() if self.compacts else None  # None: any free slot keeps them
+        if source is not None and source in self._free and (keeping is None or source in keeping):
             slot = source  # the prefix is already in this very slot: keep it, drop the rest
             self._free.remove(slot)
             self._no_gap = False
             self._ops.append(TrimSlot(slot, reused))
         else:
-            slot = self._take_fresh(keep=source)
+            slot = self._take_fresh(keep=source, keeping=keeping)
             if source is not None:
                 self._ops.append(CopyPrefix(source, slot, reused))
         self._cached.pop(slot, None)
         self.hit_tokens += reused
         return Assignment(slot, reused)
 
-    def _take_fresh(self, keep: int | None = None) -> int:
+    def _take_fresh(self, keep: int | None = None, keeping: list[int] | None = None) -> int:
         """A free slot for a request that reuses none of its KV. With per-sequence streams llama.cpp runs one
         forward pass per run of consecutive seq_ids among a batch's rows, so a slot that keeps the taken ones
         one run (compacting: a gap between them first, else one beside them), else the lowest free one. With a
         unified KV any slot costs the same. Among those, the one whose cached prefix is worth least. `keep`: a
-        slot whose prefix the request is about to copy."""
+        slot whose prefix the request is about to copy; `keeping`: the run-keeping slots, if already found."""
         if self.accountant.unified:
             slot = self._worth_least(list(self._free))
         elif self.compacts:
-            slot = self._worth_least(self._slots_keeping_runs())
+            slot = self._worth_least(keeping if keeping is not None else self._slots_keeping_runs())
         else:
             slot = min(self._free)
         self._take(slot, keep)
@@ -206,9 +207,6 @@ class SlotPool:
         if not taken:
             return list(self._free)
         return self._gaps(taken) or [s for s in (taken[0] - 1, taken[-1] + 1) if 0 <= s < self.max_slots]
-
-    def _keeps_runs(self, slot: int) -> bool:
-        return not self.compacts or slot in self._slots_keeping_runs()
 
     def _taken(self) -> list[int]:
         free = set(self._free)
