@@ -58,7 +58,7 @@ class Request:
     state: RequestState = RequestState.PENDING
     output_tokens: list[int] = field(default_factory=list)
     computed_tokens: int = 0  # tokens of prompt+output already in KV, so also the position of the next token
-    cached_tokens: int = 0  # of those, the ones its slot got from a cached or running prefix at its admission
+    cached_tokens: int = 0  # prompt tokens its slot got from a cached or running prefix at its (last) admission
     slot: int | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None

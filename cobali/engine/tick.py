@@ -147,7 +147,9 @@ class TickBuilder:
         reusable = request.all_tokens if request.params.prompt_logprobs is None else None
         assignment = q.slots.assign(reusable, sources)
         request.slot = assignment.slot
-        request.computed_tokens = request.cached_tokens = assignment.reused_tokens
+        request.computed_tokens = assignment.reused_tokens
+        # A resumed request may reuse its own output's KV too (an identical greedy request's): only prompt tokens count.
+        request.cached_tokens = min(assignment.reused_tokens, len(request.prompt_tokens))
         acc.hold(assignment.slot, need)
         request.transition(RequestState.PREFILL)
         q.running.append(request)

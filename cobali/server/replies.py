@@ -98,7 +98,7 @@ class Reply:
     def usage(self) -> dict:
         completion = sum(len(r.output_tokens) for r in self.generation.requests)
         # The prompt counts once however many choices share it; so do its cached tokens (the first choice's).
-        cached = min(self.generation.requests[0].cached_tokens, self.prompt_tokens)
+        cached = self.generation.requests[0].cached_tokens
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": self.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 

@@ -53,6 +53,15 @@ def test_optimistic_preempts_the_newest_and_its_output_is_unchanged() -> None:
     assert [r.output_tokens for r in runs] == [r.output_tokens for r in roomy]
 
 
+def test_cached_tokens_count_prompt_tokens_only() -> None:
+    """Identical greedy requests on a tight pool: a preempted one comes back and reuses a twin's KV, output
+    included; what it reports as cached is at most its prompt."""
+    engine = make_engine(unified_cells=192, kv_admission="optimistic", prefix_cache=True)
+    runs = engine.generate([prompt(20, 1)] * 4, LONG)
+    assert engine.scheduler.preemptions > 0
+    assert max(r.cached_tokens for r in runs) == 20, "one came back to a twin holding all of its prompt and more"
+
+
 def test_preempted_request_goes_to_the_front_of_the_queue() -> None:
     engine = make_engine(slots=2)
     engine.add_request(prompt(5, 1), LONG)
