@@ -79,6 +79,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "(default there: this CPU's bundled profile)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="do not reuse KV of earlier prompts sharing a prefix")
+    parser.add_argument("--host-cache-mib", type=non_negative_int, default=8192,
+                        help="host memory (MiB) for cached prefixes evicted from their KV slots: a prompt that "
+                             "shares one later restores it (~1 ms) instead of prefilling it again, like "
+                             "llama-server's --cache-ram (default 8192; 0 = off)")
     parser.add_argument("--no-compact-slots", dest="compact_slots", action="store_false",
                         help="leave a gap when a slot between running ones frees (per-sequence KV "
                              "streams: every gap in the running slots costs llama.cpp one more forward pass a tick)")
@@ -98,8 +102,9 @@ def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> Ll
 def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:
     return EngineConfig(mode=mode, max_slots=args.max_slots, prefill_chunk_tokens=args.prefill_chunk_tokens,
                         n_batch=args.n_batch, policy=args.policy, kv_admission=args.kv_admission,
-                        queue=args.queue, prefix_cache=args.prefix_cache, compact_slots=args.compact_slots,
-                        itl_target_ms=args.itl_target_ms, tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
+                        queue=args.queue, prefix_cache=args.prefix_cache, host_cache_mib=args.host_cache_mib,
+                        compact_slots=args.compact_slots, itl_target_ms=args.itl_target_ms,
+                        tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
                         async_scheduling=args.async_scheduling, **overrides)
 
 

@@ -103,6 +103,8 @@ class BackendInfo:
     # A prefill chunk shorter than this takes a slow attention path: the scheduler spends no leftover
     # budget on one.
     prefill_tile: int = 1
+    # Host memory one token's KV takes when a sequence is saved (estimated); 0: the backend cannot save KV.
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,15 @@ class Backend(Protocol):
         ...
 
     def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...
+
+    def save_seq(self, seq_id: int) -> np.ndarray:
+        """A copy of the sequence's KV in host memory, as bytes only load_seq reads."""
+        ...
+
+    def load_seq(self, seq_id: int, data: np.ndarray) -> None:
+        """Replace the sequence's KV with what save_seq saved (of any sequence). The caller makes sure the
+        KV has room for all of it; RuntimeError if the backend finds none."""
+        ...
 
     def eog_mask(self) -> np.ndarray:
         """Boolean array over the vocabulary: True for end-of-generation tokens."""

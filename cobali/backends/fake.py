@@ -44,6 +44,7 @@ class FakeBackend:
     fail_on_calls: set[int] = field(default_factory=set)  # decode call indices that raise
     fail_code: int = -3  # what they raise: 1 is llama.cpp's "no KV slot", negatives are fatal errors
     prefill_tile: int = 1
+    kv_bytes_per_token: int = 4
     # Pick WANT_ARGMAX rows' tokens "on the device", as llama.cpp's backend sampling does: their logits rows
     # come back as NaN, so a host that reads them (or samples them with a chain) goes wrong visibly.
     device_argmax: bool = False
@@ -54,6 +55,7 @@ class FakeBackend:
         self.info = BackendInfo(
             n_vocab=self.n_vocab, n_ctx=n_ctx, n_ctx_seq=self.n_ctx_seq, n_seq_max=self.n_seq_max,
             n_batch=self.n_batch, kv_unified=self.kv_unified, description="fake", prefill_tile=self.prefill_tile,
+            kv_bytes_per_token=self.kv_bytes_per_token,
         )
         self.kv: dict[int, list[int]] = {s: [] for s in range(self.n_seq_max)}
         self.last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)
@@ -113,6 +115,15 @@ class FakeBackend:
     def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         assert p0 == 0 and not self.kv[dst], "the fake backend copies a prefix into an empty sequence"
         self.kv[dst] = list(self.kv[src][: None if p1 == -1 else p1])
+
+    def save_seq(self, seq_id: int) -> np.ndarray:
+        return np.array(self.kv[seq_id], dtype=np.int32)
+
+    def load_seq(self, seq_id: int, data: np.ndarray) -> None:
+        staged = {**self.kv, seq_id: data.tolist()}
+        if not self._fits(staged):
+            raise RuntimeError(f"no room in KV for {len(data)} saved tokens")
+        self.kv = staged
 
     def eog_mask(self) -> np.ndarray:
         mask = np.zeros(self.n_vocab, dtype=bool)

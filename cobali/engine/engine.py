@@ -15,7 +15,8 @@ from cobali.engine.budget import tick_budget
 from cobali.engine.costfit import CostCoefficients
 from cobali.engine.detok import TextStream
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.kv import SlotPool, run_kv_ops
+from cobali.engine.kv import SlotPool
+from cobali.engine.kv_tier import KvRunner
 from cobali.engine.overlap import Pipeline
 from cobali.engine.plan import Plan, TickRecord
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
@@ -40,8 +41,9 @@ class Engine:
         self.config = config = config or EngineConfig()
         if config.n_batch > backend.info.n_batch:
             raise ValueError(f"n_batch {config.n_batch} exceeds the backend's {backend.info.n_batch}")
-        self.slots = SlotPool(backend.info, config.max_slots, prefix_cache=config.prefix_cache,
-                              compact=config.compact_slots)
+        self.slots = SlotPool(backend.info, config.max_slots, config.prefix_cache, compact=config.compact_slots,
+                              host_mib=config.host_cache_mib)
+        self.kv_runner = KvRunner(backend)
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
@@ -114,7 +116,7 @@ class Engine:
         start = self.clock()
         self.take_submissions(start)
         plan = self.scheduler.schedule(start)
-        run_kv_ops(self.backend, plan.kv_ops)
+        self.kv_runner.run(plan.kv_ops)
         if plan.is_empty:
             self.fail_unrunnable_head(start)
             return None
@@ -162,8 +164,7 @@ class Engine:
                 self.finish(request, FinishReason.ABORT, now)
 
     def fail_unrunnable_head(self, now: float) -> None:
-        """Nothing runs and nothing was admitted: the queue head cannot fit even in an empty KV, and
-        waiting would hang forever."""
+        """Nothing runs or was admitted: the queue head fits not even in an empty KV, and would wait forever."""
         if self.scheduler.waiting and not self.scheduler.running:
             head = self.scheduler.waiting[0]
             self.finish(head, FinishReason.ERROR, now, "the request does not fit in the KV cache")

@@ -21,6 +21,9 @@ class EngineConfig:
     kv_admission: str = "reserve"
     queue: str = "fifo"
     prefix_cache: bool = True
+    # Host memory for cached prefixes dropped from their slots, restored instead of prefilled again (0: none).
+    # llama-server's --cache-ram default.
+    host_cache_mib: int = 8192
     # Per-sequence KV streams: keep the running requests in one run of slots, moving one into a gap a tick
     # (llama.cpp runs a forward pass per run of consecutive seq_ids).
     compact_slots: bool = True
@@ -39,6 +42,8 @@ class EngineConfig:
         WaitQueue(self.queue)
         if self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
+        if self.host_cache_mib < 0:
+            raise ValueError(f"host_cache_mib must be >= 0, got {self.host_cache_mib}")
         if self.max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {self.max_slots}")
         check_budget_settings(self)

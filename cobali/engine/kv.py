@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cobali.backends.base import Backend, BackendInfo
-from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, MoveSlot, TrimSlot
+from cobali.backends.base import BackendInfo
+from cobali.engine.kv_tier import HostPrefixes, common_prefix
+from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, LoadSlot, MoveSlot, TrimSlot
 
 BLOCK_TOKENS = 16
 
@@ -79,23 +80,20 @@ class Assignment:
     reused_tokens: int  # prompt tokens already in the slot's KV: prefill starts after them
 
 
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
-
-
 class SlotPool:
     """Free slots in least-recently-released order. With prefix caching a released slot keeps its KV
-    until it is reused or evicted, and a new request starts from the longest cached prefix it shares."""
+    until it is reused or evicted (to host_mib MiB of host memory, if any), and a new request starts from the
+    longest cached prefix it shares."""
 
     def __init__(self, info: BackendInfo, max_slots: int, prefix_cache: bool = False,
-                 min_reuse_tokens: int = BLOCK_TOKENS, compact: bool = False) -> None:
+                 min_reuse_tokens: int = BLOCK_TOKENS, compact: bool = False,
+                 host_mib: int = 0) -> None:
         if not 1 <= max_slots <= info.n_seq_max:
             raise ValueError(f"max_slots must be in [1, {info.n_seq_max}], got {max_slots}")
         self.max_slots = max_slots
         self.prefix_cache = prefix_cache
         self.min_reuse_tokens = min_reuse_tokens
+        self.host = HostPrefixes.sized(info, host_mib, min_reuse_tokens) if prefix_cache else None
         self.accountant = KvAccountant(info, max_slots)
         # Only per-sequence streams split a batch by seq_id runs; a unified KV runs any rows in one pass.
         self.compacts = compact and not self.accountant.unified
@@ -137,7 +135,14 @@ class SlotPool:
         if reused < self.min_reuse_tokens:
             source, reused = None, 0
         keeping = self._slots_keeping_runs() if self.compacts else None  # None: any free slot keeps them
-        if source is not None and source in self._free and (keeping is None or source in keeping):
+        if self._host_match(tokens, reused)[0] is not None:
+            slot = self._take_fresh(keeping=keeping)
+            # Looked up again: taking the slot may have saved its own prefix and forgotten older ones.
+            key, reused = self._host_match(tokens, 0)
+            if key is not None:
+                self.host.hit_tokens += reused
+                self._ops.append(LoadSlot(key, slot, reused))
+        elif source is not None and source in self._free and (keeping is None or source in keeping):
             slot = source  # the prefix is already in this very slot: keep it, drop the rest
             self._free.remove(slot)
             self._no_gap = False
@@ -149,6 +154,16 @@ class SlotPool:
         self._cached.pop(slot, None)
         self.hit_tokens += reused
         return Assignment(slot, reused)
+
+    def _host_match(self, tokens: np.ndarray, beyond: int) -> tuple[int | None, int]:
+        """The host entry sharing the most of `tokens`, if more than `beyond` and min_reuse_tokens; only those
+        the KV can take whole before the trim: any in a stream of its own, in a unified pool its free cells."""
+        if self.host is None:
+            return None, 0
+        acc = self.accountant
+        room = acc.free_blocks * acc.block_tokens if acc.unified else acc.seq_limit
+        key, n = self.host.best(tokens, len(tokens) - 1, room)
+        return (key, n) if n > max(beyond, self.min_reuse_tokens - 1) else (None, 0)
 
     def _take_fresh(self, keep: int | None = None, keeping: list[int] | None = None) -> int:
         """A free slot for a request that reuses none of its KV. With per-sequence streams llama.cpp runs one
@@ -270,27 +285,16 @@ class SlotPool:
         return False
 
     def drop_cached_prefixes(self) -> None:
-        while self.evict_one():
-            pass
+        """Forget every cached prefix, in the slots and in host memory: nothing is reused after this."""
+        for slot in [s for s in self._free if s in self._cached]:
+            self._clear(slot, to_host=False)
+        if self.host is not None:
+            self._ops += self.host.forget_all()
 
-    def _clear(self, slot: int) -> None:
-        self._cached.pop(slot, None)
+    def _clear(self, slot: int, to_host: bool = True) -> None:
+        """Empty the slot; a cached prefix in it goes to host memory first, if there is a host tier."""
+        tokens = self._cached.pop(slot, None)
         self.accountant.drop(slot)
+        if tokens is not None and to_host and self.host is not None:
+            self._ops += self.host.save(slot, tokens)
         self._ops.append(ClearSlot(slot))
-
-
-def run_kv_ops(backend: Backend, ops: tuple[KvOp, ...]) -> None:
-    """What the plan decided for the slots' KV, done on the backend (before the plan's batch)."""
-    for op in ops:
-        match op:
-            case ClearSlot(slot):
-                backend.remove_seq(slot)
-            case TrimSlot(slot, keep):
-                backend.remove_seq(slot, keep, -1)
-            case CopyPrefix(source, slot, n_tokens):
-                # The whole sequence, then its tail dropped: llama.cpp copies between per-sequence streams only whole.
-                backend.copy_seq(source, slot, 0, -1)
-                backend.remove_seq(slot, n_tokens, -1)
-            case MoveSlot(source, slot):
-                backend.copy_seq(source, slot, 0, -1)
-                backend.remove_seq(source)

@@ -22,7 +22,6 @@ import numpy as np
 
 from cobali.backends.base import Backend, BatchArrays, DecodeError
 from cobali.engine.batch_fill import Filled, fill_batch
-from cobali.engine.kv import run_kv_ops
 from cobali.engine.plan import KvOp, MoveSlot, Plan, TickRecord
 from cobali.engine.request import PENDING_TOKEN, FinishReason, Request, Sampled
 from cobali.engine.scheduler import Scheduler
@@ -100,7 +99,7 @@ class Pipeline:
         if self._ready is None:  # the first tick, or the pipeline ran dry: catch up here
             self._catch_up()
             self._ready, kv_ops = self._plan()
-            run_kv_ops(engine.backend, kv_ops)
+            engine.kv_runner.run(kv_ops)
             if self._ready is None:
                 engine.fail_unrunnable_head(engine.clock())
                 return None
@@ -108,7 +107,7 @@ class Pipeline:
         host_work = self._host.submit(self._settle_and_plan, staged)
         launched = engine.clock()
         try:
-            run_kv_ops(engine.backend, staged.plan.kv_ops)
+            engine.kv_runner.run(staged.plan.kv_ops)
             b, n = staged.arrays, staged.filled.n_rows
             logits = engine.backend.decode(b.tokens[:n], b.positions[:n], b.seq_ids[:n], b.want_logits[:n])
         except DecodeError as err:
@@ -116,7 +115,7 @@ class Pipeline:
             return self._recover(staged, upcoming, kv_ops, err, launched)
         decoded = engine.clock()
         upcoming, kv_ops = host_work.result()
-        run_kv_ops(engine.backend, kv_ops)  # a next plan with no batch: its KV operations wait for no decode
+        engine.kv_runner.run(kv_ops)  # a next plan with no batch: its KV operations wait for no decode
         sampled = engine.sample(staged.filled, logits, staged.cuts_before)
         if upcoming is not None:
             self._feed_sampled(upcoming, staged, sampled)
@@ -208,7 +207,7 @@ class Pipeline:
         that cannot fit, fails the failed batch's requests."""
         engine = self.engine
         now = engine.clock()
-        run_kv_ops(engine.backend, upcoming.plan.kv_ops if upcoming is not None else kv_ops)
+        engine.kv_runner.run(upcoming.plan.kv_ops if upcoming is not None else kv_ops)
         in_batch = list({r.id: r for r in failed.filled.requests if not r.is_finished}.values())
         for request in in_batch:
             request.drop_pending_tokens()

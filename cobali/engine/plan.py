@@ -63,7 +63,31 @@ class MoveSlot:
     slot: int
 
 
-KvOp = ClearSlot | TrimSlot | CopyPrefix | MoveSlot
+@dataclass(frozen=True)
+class SaveSlot:
+    """Copy the slot's KV to host memory under `key` (a cached prefix about to be dropped from its slot)."""
+
+    slot: int
+    key: int
+
+
+@dataclass(frozen=True)
+class LoadSlot:
+    """Fill the empty slot with the KV saved under `key`, and keep its first `keep` tokens."""
+
+    key: int
+    slot: int
+    keep: int
+
+
+@dataclass(frozen=True)
+class ForgetSaved:
+    """Free the host memory of the KV saved under `key`."""
+
+    key: int
+
+
+KvOp = ClearSlot | TrimSlot | CopyPrefix | MoveSlot | SaveSlot | LoadSlot | ForgetSaved
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,8 @@ class ServerMetrics:
                                      lambda: slots.queried_tokens),
             "prefix_cache_hits": ("Of those, the tokens whose KV was reused (from a cached or a running prefix).",
                                   lambda: slots.hit_tokens),
+            "prefix_cache_host_hits": ("Of those, the tokens restored from host memory (--host-cache-mib).",
+                                       lambda: slots.host.hit_tokens if slots.host is not None else 0),
         }))
         self.running.set_function(lambda: len(scheduler.running))
         self.waiting.set_function(lambda: len(scheduler.waiting))
@@ -79,6 +81,8 @@ class ServerMetrics:
         # Cells the running requests fill; cached prefixes in free slots are reclaimable and not counted, so
         # an idle server reads 0 (the KV accountant's blocks also count reservations and cached prefixes).
         self.kv_usage.set_function(lambda: sum(r.computed_tokens for r in list(scheduler.running)) / n_ctx)
+        Gauge("cobali:host_cache_bytes", "Host memory holding the KV of cached prefixes evicted from their slots.",
+              registry=self.registry).set_function(lambda: engine.kv_runner.saved_bytes)
         if isinstance(scheduler.budget, AdaptiveBudget | DeadlineBudget):  # the tick costs it learns
             self._costs = costs = scheduler.budget.costs
             Gauge("cobali:tick_cost_error", "Recent mean relative error of the learned tick costs' predictions.",

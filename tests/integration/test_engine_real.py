@@ -95,6 +95,37 @@ def test_a_prefix_moved_out_of_a_gap_is_reused_up_to_near_ties(backend) -> None:
     assert report.passed and report.mostly_common, report.describe()
 
 
+def test_a_sequence_restored_from_host_memory_into_another_stream_gives_the_same_logits(backend) -> None:
+    tokens = np.array(backend.tokenize(PROMPTS[6]), dtype=np.int32)
+    n = len(tokens)
+    for seq in (0, 2):
+        backend.remove_seq(seq)  # what earlier engines on this backend left there
+    backend.decode(tokens, np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int8))
+    data = backend.save_seq(0)
+    assert abs(data.nbytes - n * backend.info.kv_bytes_per_token) < 1024, "the estimate sizes the host tier"
+    backend.load_seq(2, data)
+    one = np.ones(1, dtype=np.int8)
+    logits = [backend.decode(tokens[-1:], np.array([n], dtype=np.int32), np.array([seq], dtype=np.int32), one).copy()
+              for seq in (0, 2)]
+    for seq in (0, 2):
+        backend.remove_seq(seq)
+    np.testing.assert_allclose(logits[0], logits[1], atol=1e-4)
+
+
+def test_a_prompt_restored_from_host_memory_matches_seq_up_to_near_ties(backend) -> None:
+    """Two slots: the prompt's KV leaves its slot for the two after it, to host memory, and comes back from there."""
+    prompt = PROMPTS[6]
+    engine = Engine(backend, EngineConfig(max_slots=2, n_batch=256))
+    for text in (prompt, PROMPTS[1], PROMPTS[4]):
+        greedy_traces(engine, [WorkItem(text, 4)], 16)
+    again = greedy_traces(engine, [WorkItem(prompt, 12)], 16)
+    assert engine.slots.host.hit_tokens == len(backend.tokenize(prompt)) - 1
+    reference = greedy_traces(Engine(backend, EngineConfig(mode="seq", max_slots=4, n_batch=256,
+                                                           prefix_cache=False)), [WorkItem(prompt, 12)], 16)
+    report = compare_runs(reference, again)
+    assert report.passed and report.mostly_common, report.describe()
+
+
 def test_sampling_chain_with_seed_is_reproducible(backend) -> None:
     params = SamplingParams(max_tokens=12, temperature=0.9, top_k=40, top_p=0.95, min_p=0.05,
                             repetition_penalty=1.1, seed=3, ignore_eos=True)

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import jsonschema
 import numpy as np
 import pytest
@@ -174,3 +175,21 @@ def test_langchain_chat_openai_binds_and_calls_a_tool(tool_client: OpenAI) -> No
     assert call["name"] == "get_weather"
     assert isinstance(call["args"]["city"], str) and isinstance(call["args"]["days"], int)
     assert llm.invoke("Say hi.").content
+
+
+def test_a_prompt_evicted_from_every_slot_comes_back_from_host_memory(client: OpenAI) -> None:
+    """Four slots, and four other prompts after it take them all: the prompt's KV waits in host memory."""
+    prompt = "In a quiet harbor town, the old fishermen told the children a story about a lighthouse that"
+
+    def usage(text: str):
+        return client.completions.create(model="smol", prompt=text, max_tokens=1, temperature=0).usage
+
+    assert usage(prompt).prompt_tokens_details.cached_tokens == 0
+    for word in ("apple", "river", "mountain", "violin"):
+        usage(f"{word} " * 30)  # long enough to be cached
+    again = usage(prompt)
+    assert again.prompt_tokens_details.cached_tokens == again.prompt_tokens - 1
+    metrics = httpx.get(f"{str(client.base_url).removesuffix('/v1/')}/metrics", timeout=30).text
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line.startswith("cobali:")}
+    assert values["cobali:prefix_cache_host_hits_total"] >= again.prompt_tokens - 1
+    assert values["cobali:host_cache_bytes"] > 0

@@ -126,8 +126,9 @@ def test_lru_cached_prefix_is_evicted_first() -> None:
 
 def test_at_idle_each_prompt_keeps_its_kv_until_every_slot_holds_one() -> None:
     """A chat's next turn, or a prompt sent again, finds its KV as long as fewer than max_slots other prompts
-    came between: a new request takes a slot holding no cached prefix, else the least recently released."""
-    engine = make_engine(slots=4)
+    came between: a new request takes a slot holding no cached prefix, else the least recently released.
+    (Without the host-memory tier, which would restore the prefixes evicted: tests/unit/test_host_kv.py.)"""
+    engine = make_engine(slots=4, host_cache_mib=0)
     prompts = [prompt(30, s) for s in range(6)]
 
     def send(p: list[int]) -> int:

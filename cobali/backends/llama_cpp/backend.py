@@ -41,6 +41,7 @@ class LlamaCppBackend:
             kv_unified=options.kv_unified,
             description=self._describe(options),
             prefill_tile=PREFILL_TILE,
+            kv_bytes_per_token=self._kv_bytes_per_token(),
         )
         self._batch = OwnedBatch(self.info.n_batch)
         self.device_greedy = DeviceGreedy(self.ctx, self.info.n_seq_max) if options.backend_sampling else None
@@ -73,6 +74,13 @@ class LlamaCppBackend:
         if not ctx:
             raise ValueError(f"could not create a llama.cpp context (n_ctx={n_ctx}, n_seq_max={options.n_seq_max})")
         return ctx
+
+    def _kv_bytes_per_token(self) -> int:
+        """K and V rows of every layer in f16 (the context's default cache type), and the cell's position and
+        sequence id: SmolLM2-135M saves 23052 bytes a token, as llama_state_seq_get_size reports."""
+        m = self.model
+        head_dim = ll.llama_model_n_embd(m) // max(1, ll.llama_model_n_head(m))
+        return ll.llama_model_n_layer(m) * 2 * ll.llama_model_n_head_kv(m) * head_dim * 2 + 12
 
     def _describe(self, options: LlamaCppConfig) -> str:
         buf = ctypes.create_string_buffer(256)
@@ -122,6 +130,18 @@ class LlamaCppBackend:
 
     def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         ll.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def save_seq(self, seq_id: int) -> np.ndarray:
+        data = np.empty(ll.llama_state_seq_get_size(self.ctx, seq_id), dtype=np.uint8)
+        n = ll.llama_state_seq_get_data(self.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), data.nbytes,
+                                        seq_id)
+        assert n == data.nbytes, f"llama.cpp saved {n} of {data.nbytes} bytes of sequence {seq_id}"
+        return data
+
+    def load_seq(self, seq_id: int, data: np.ndarray) -> None:
+        pointer = data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        if not ll.llama_state_seq_set_data(self.ctx, pointer, data.nbytes, seq_id):
+            raise RuntimeError(f"llama.cpp could not restore {data.nbytes} bytes of KV into sequence {seq_id}")
 
     # ---- vocabulary -------------------------------------------------------------------------------
 

@@ -1,0 +1,140 @@
+"""The host-memory tier of the prefix cache: prefixes evicted from their slots are saved, restored, forgotten."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cobali.backends.base import SamplingParams
+from cobali.backends.fake import FakeBackend
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
+from cobali.engine.kv_tier import HostPrefixes
+from cobali.engine.plan import ForgetSaved, LoadSlot, SaveSlot
+
+ONE = SamplingParams(max_tokens=1)
+MIB_TOKENS = 64  # the fake's KV is sized so that one MiB of host memory holds this many tokens
+
+
+def make_engine(slots: int = 2, host_mib: int = 8192, unified_cells: int | None = None, **config) -> Engine:
+    backend = FakeBackend(n_seq_max=slots, n_batch=128, kv_bytes_per_token=2**20 // MIB_TOKENS,
+                          kv_unified=unified_cells is not None, n_ctx_seq=unified_cells or 4096)
+    return Engine(backend, EngineConfig(max_slots=slots, n_batch=128, prefill_chunk_tokens=64,
+                                        host_cache_mib=host_mib, **config))
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return [1 + (seed * 7 + i * 3) % 90 for i in range(n)]
+
+
+def send(engine: Engine, tokens: list[int], params: SamplingParams = ONE) -> int:
+    """The prompt tokens the request found cached."""
+    [request] = engine.generate([tokens], params)
+    return request.cached_tokens
+
+
+def saved(engine: Engine) -> list[np.ndarray]:
+    """What the runner holds in host memory, decoded (the fake saves a sequence as its tokens)."""
+    return list(engine.kv_runner._saved.values())
+
+
+def test_a_prefix_evicted_from_its_slot_is_restored_and_generates_the_same() -> None:
+    prompts = [prompt(30, s) for s in range(4)]
+    long = SamplingParams(max_tokens=8, ignore_eos=True)
+    engine = make_engine()
+    first = engine.generate([prompts[0]], long)[0].output_tokens
+    assert [send(engine, p) for p in prompts[1:]] == [0, 0, 0], "two slots: the first prompt's slot is taken"
+    assert prompts[0] not in [engine.backend.kv[s][:30] for s in range(2)]
+    [again] = engine.generate([prompts[0]], long)
+    assert again.cached_tokens == 29, "all but the last prompt token, from host memory"
+    assert again.output_tokens == first
+    assert engine.slots.host.hit_tokens == 29 and engine.slots.hit_tokens == 29
+    off = make_engine(host_mib=0)
+    assert [send(off, p) for p in prompts + prompts[:1]] == [0] * 5, "without the tier it is prefilled again"
+
+
+def test_the_tier_keeps_to_its_budget_least_recently_used_first_and_frees_what_it_forgets() -> None:
+    engine = make_engine(host_mib=1)  # 64 tokens: two 30-token prefixes (one output token is never decoded)
+    prompts = [prompt(30, s) for s in range(6)]
+    for p in prompts:
+        send(engine, p)
+    host = engine.slots.host
+    assert host.held_tokens == 60 and len(host) == 2
+    assert sorted(s[:30].tolist() for s in saved(engine)) == sorted(prompts[2:4])
+    assert engine.kv_runner.saved_bytes == sum(s.nbytes for s in saved(engine))
+    assert send(engine, prompts[0]) == 0, "forgotten"
+    assert send(engine, prompts[3]) == 29
+
+
+def test_a_longer_turn_of_a_chat_replaces_its_earlier_turn_in_host_memory() -> None:
+    engine = make_engine()
+    turn = prompt(30, 1)
+    send(engine, turn)
+    send(engine, prompt(30, 2))
+    send(engine, prompt(30, 3))  # the first turn goes to host memory
+    assert len(engine.slots.host) == 1
+    assert send(engine, turn + prompt(10, 4)) == 30, "its prompt and output"
+    send(engine, prompt(30, 5))
+    send(engine, prompt(30, 6))
+    assert [len(s) for s in saved(engine)] == [30, 30, 40], "the second turn, not the first beside it"
+    assert send(engine, turn) == 29
+
+
+def test_a_prefix_held_in_host_memory_and_in_a_slot_is_saved_once() -> None:
+    engine = make_engine()
+    a = prompt(30, 1)
+    send(engine, a)
+    send(engine, prompt(30, 2))
+    send(engine, prompt(30, 3))  # a goes to host memory
+    send(engine, a)  # restored into a slot
+    send(engine, prompt(30, 4))
+    send(engine, prompt(30, 5))  # its slot taken again: host memory already holds it
+    saves = [op for t in engine.ticks for op in t.plan.kv_ops if isinstance(op, SaveSlot)]
+    assert len(saves) == 3 and sorted(len(s) for s in saved(engine)) == [30, 30, 30]
+
+
+def test_a_unified_pool_restores_only_what_its_free_cells_can_take_whole() -> None:
+    """A restore fills the whole saved prefix before trimming it to what the prompt shares."""
+    engine = make_engine(unified_cells=128)
+    long = prompt(100, 1)
+    send(engine, long)
+    send(engine, prompt(60, 2))  # long's prefix leaves its cells for this one: to host memory
+    assert [len(s) for s in saved(engine)] == [100]
+    assert send(engine, long[:40] + prompt(20, 3)) == 0, "100 saved cells do not fit beside the cached 60"
+    assert send(engine, long[:50], SamplingParams(max_tokens=60)) == 49, "once both cached prefixes are evicted"
+
+
+def test_dropping_the_cached_prefixes_forgets_those_in_host_memory() -> None:
+    engine = make_engine()
+    for s in range(4):
+        send(engine, prompt(30, s))
+    assert len(engine.slots.host) == 2
+    engine.slots.drop_cached_prefixes()
+    ops = engine.slots.take_kv_ops()
+    assert not any(isinstance(op, SaveSlot) for op in ops) and sum(isinstance(op, ForgetSaved) for op in ops) == 2
+    engine.kv_runner.run(ops)
+    assert len(engine.slots.host) == 0 and engine.kv_runner.saved_bytes == 0 and not saved(engine)
+
+
+def test_host_prefixes_match_within_room_and_never_forget_the_entry_just_saved() -> None:
+    host = HostPrefixes(capacity_tokens=50, head_tokens=4)
+    a, b = np.arange(1, 31, dtype=np.int32), np.arange(100, 140, dtype=np.int32)
+    assert host.save(0, a) == [SaveSlot(0, 0)]
+    assert host.best(np.concatenate([a[:20], b]), cap=59, max_len=30) == (0, 20)
+    assert host.best(a, cap=29, max_len=29) == (None, 0), "30 saved tokens do not fit in 29 cells"
+    assert host.save(1, b) == [SaveSlot(1, 1), ForgetSaved(0)], "30 + 40 tokens exceed 50: the oldest goes"
+    assert host.save(0, np.arange(1, 61, dtype=np.int32)) == [], "larger than the whole budget: not saved"
+    assert host.best(b, cap=39, max_len=100) == (1, 39) and len(host) == 1
+
+
+def test_a_restore_is_planned_after_the_slot_it_fills_is_emptied() -> None:
+    engine = make_engine()
+    prompts = [prompt(30, s) for s in range(3)]
+    for p in prompts:
+        send(engine, p)
+    engine.add_request(prompts[0], ONE)
+    engine.take_submissions(engine.clock())
+    plan = engine.scheduler.schedule(engine.clock())
+    kinds = [type(op).__name__ for op in plan.kv_ops]
+    assert kinds == ["SaveSlot", "ClearSlot", "LoadSlot"], kinds
+    load = plan.kv_ops[-1]
+    assert isinstance(load, LoadSlot) and load.keep == 29 and load.slot == plan.kv_ops[0].slot
