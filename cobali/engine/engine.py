@@ -36,8 +36,7 @@ class Engine:
                  clock: Callable[[], float] = time.perf_counter, costs: CostCoefficients | None = None) -> None:
         """costs: a cost profile that seeds the tick costs an ITL target learns online."""
         self.backend = backend
-        # Every timestamp comes from this clock; a simulated backend passes its virtual one.
-        self.clock = clock
+        self.clock = clock  # every timestamp comes from it; a simulated backend passes its virtual one
         self.config = config = config or EngineConfig()
         if config.n_batch > backend.info.n_batch:
             raise ValueError(f"n_batch {config.n_batch} exceeds the backend's {backend.info.n_batch}")
@@ -47,8 +46,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
-            budget=tick_budget(config, costs, backend.info.prefill_tile),
-            prefill_tile=backend.info.prefill_tile,
+            budget=tick_budget(config, costs, backend.info.prefill_tile), prefill_tile=backend.info.prefill_tile,
         )
         self.sampler = RowSampler(backend)
         self._eog_ids = frozenset(np.flatnonzero(backend.eog_mask()).tolist())
@@ -105,6 +103,14 @@ class Engine:
     def has_work(self) -> bool:
         in_flight = self._pipeline is not None and self._pipeline.in_flight
         return bool(self._inbox or self._aborts or self.scheduler.has_work or in_flight)
+
+    def save_a_cached_prefix(self) -> bool:
+        """Idle, copy one cached prefix to host memory (after the KV ops pending): the request that takes its slot
+        later then waits for no save (fresh pages, ~2 ms a MiB on this VM). False when none is left to save."""
+        if not self.slots.save_a_cached_prefix():
+            return False
+        self.kv_runner.run(self.slots.take_kv_ops())
+        return True
 
     # ---- the tick ---------------------------------------------------------------------------------
 
@@ -166,13 +172,11 @@ class Engine:
     def fail_unrunnable_head(self, now: float) -> None:
         """Nothing runs or was admitted: the queue head fits not even in an empty KV, and would wait forever."""
         if self.scheduler.waiting and not self.scheduler.running:
-            head = self.scheduler.waiting[0]
-            self.finish(head, FinishReason.ERROR, now, "the request does not fit in the KV cache")
+            self.finish(self.scheduler.waiting[0], FinishReason.ERROR, now, "the request does not fit in the KV cache")
 
     def _recover(self, plan: Plan, err: DecodeError, now: float) -> None:
-        """llama.cpp finding no KV slot preempts the batch's newest request, whatever the admission policy
-        (llama.cpp left the KV as it was, so the rest simply run again next tick); any other failure, or a
-        lone request that cannot fit, fails the batch."""
+        """No KV slot: the batch's newest request is preempted, whatever the admission policy (llama.cpp left the
+        KV as it was: the rest run again next tick). Any other failure, or a lone request that cannot fit, fails."""
         in_batch = {c.request_id for c in plan.chunks}
         if err.no_kv_slot and len(in_batch) > 1:
             self.scheduler.preempt_newest("llama_decode found no KV slot", among=in_batch)
@@ -266,10 +270,9 @@ class Engine:
         while self.has_work:
             self.step()
             if on_finish is not None:
-                done = [r for r in pending if r.is_finished]
-                pending = [r for r in pending if not r.is_finished]
-                for request in done:
+                for request in [r for r in pending if r.is_finished]:
                     on_finish(request)
+                pending = [r for r in pending if not r.is_finished]
 
     def generate(self, prompts: Iterable[str | list[int]], params: SamplingParams | None = None) -> list[Request]:
         """Run prompts to completion. A prompt that cannot run comes back FAILED with its error."""
@@ -291,10 +294,9 @@ class Engine:
         """Generate one prompt on the caller's thread, yielding text as it is produced."""
         deltas: deque[str] = deque()
         request = self.add_request(prompt, params, on_token=lambda _r, d, _n: deltas.append(d))
-        while not request.is_finished:
-            self.step()
-            while deltas:
-                if delta := deltas.popleft():
-                    yield delta
-        yield from (d for d in deltas if d)
+        while deltas or not request.is_finished:
+            if not deltas:
+                self.step()
+            elif delta := deltas.popleft():
+                yield delta
 

@@ -1,10 +1,10 @@
-"""KV memory on the host side: slots (backend sequence ids), block accounting, and prefix reuse.
+"""KV memory on the host side: slots (backend sequence ids) and prefix reuse (block accounting: kv_blocks.py).
 
 A slot is one backend sequence. The pool only decides: what must happen to a slot's KV (cleared, trimmed to a
-prefix, filled with another slot's prefix) is recorded as KvOps, which the scheduler puts in the tick's plan
-and the engine runs before the decode. With per-sequence streams (llama.cpp's default here) each slot owns
-n_ctx_seq cells and no slot can take another's; with a unified KV all slots draw on one pool of n_ctx
-cells, and the accountant is what keeps the pool from running dry.
+prefix, filled with another slot's prefix, saved to or restored from host memory) is recorded as KvOps, which
+the scheduler puts in the tick's plan and the engine runs before the decode. With per-sequence streams
+(llama.cpp's default here) each slot owns n_ctx_seq cells and no slot can take another's; with a unified KV
+all slots draw on one pool of n_ctx cells, and the accountant is what keeps the pool from running dry.
 """
 
 from __future__ import annotations
@@ -17,61 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from cobali.backends.base import BackendInfo
+from cobali.engine.kv_blocks import BLOCK_TOKENS, KvAccountant
 from cobali.engine.kv_tier import HostPrefixes, common_prefix
 from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, LoadSlot, MoveSlot, TrimSlot
-
-BLOCK_TOKENS = 16
-
-
-class KvAccountant:
-    """Blocks of BLOCK_TOKENS cells per slot, over the backend's real capacity."""
-
-    def __init__(self, info: BackendInfo, max_slots: int, block_tokens: int = BLOCK_TOKENS) -> None:
-        self.block_tokens = block_tokens
-        self.unified = info.kv_unified
-        cells = info.n_ctx if info.kv_unified else info.n_ctx_seq * max_slots
-        self.total_blocks = cells // block_tokens
-        # Cells one sequence may ever hold: its stream, or as much of the pool as whole blocks cover.
-        self.seq_limit = min(info.n_ctx_seq, self.total_blocks * block_tokens) if self.unified else info.n_ctx_seq
-        self._held: dict[int, int] = {}
-
-    def blocks_for(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.block_tokens)
-
-    @property
-    def used_blocks(self) -> int:
-        return sum(self._held.values())
-
-    @property
-    def free_blocks(self) -> int:
-        return self.total_blocks - self.used_blocks
-
-    def fits_ever(self, n_tokens: int) -> bool:
-        return n_tokens <= self.seq_limit
-
-    def can_hold(self, slot: int | None, n_tokens: int) -> bool:
-        """Could `slot` (None: a slot still to be assigned) hold n_tokens cells?"""
-        if not self.fits_ever(n_tokens):
-            return False
-        if not self.unified:
-            return True  # a stream is the slot's own; fits_ever already said it is big enough
-        held = self._held.get(slot, 0) if slot is not None else 0
-        return self.used_blocks - held + self.blocks_for(n_tokens) <= self.total_blocks
-
-    def hold(self, slot: int, n_tokens: int) -> None:
-        self._held[slot] = self.blocks_for(n_tokens)
-
-    def held_blocks(self, slot: int) -> int:
-        return self._held.get(slot, 0)
-
-    def held_tokens(self, slot: int) -> int:
-        return self.held_blocks(slot) * self.block_tokens
-
-    def drop(self, slot: int) -> None:
-        self._held.pop(slot, None)
-
-    def move(self, source: int, slot: int) -> None:
-        self._held[slot] = self._held.pop(source, 0)
 
 
 @dataclass(frozen=True)
@@ -281,6 +229,15 @@ class SlotPool:
         for slot in self._free:
             if slot in self._cached:
                 self._clear(slot)
+                return True
+        return False
+
+    def save_a_cached_prefix(self) -> bool:
+        """Save to host memory one cached prefix not there yet, the least recently released first; False if none
+        is left. For an idle engine: a request that takes the slot later then need not wait for the save."""
+        for slot in self._free if self.host is not None else ():
+            if slot in self._cached and (ops := self.host.save(slot, self._cached[slot])):
+                self._ops += ops
                 return True
         return False
 

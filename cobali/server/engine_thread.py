@@ -162,7 +162,7 @@ class EngineThread:
                 self._abort_live(engine)
             if engine.has_work:
                 self._tick(engine)
-            else:
+            elif not engine.save_a_cached_prefix():  # one at a time: a request arriving meanwhile waits for one
                 self._wake.wait(self.idle_wait_s)
 
     def _abort_live(self, engine: Engine) -> None:

