@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 
 from cobali.backends.llama_cpp_config import LlamaCppConfig
@@ -79,10 +80,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "(default there: this CPU's bundled profile)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="do not reuse KV of earlier prompts sharing a prefix")
-    parser.add_argument("--host-cache-mib", type=non_negative_int, default=8192,
+    parser.add_argument("--host-cache-mib", type=non_negative_int, default=default_host_cache_mib(),
                         help="host memory (MiB) for cached prefixes evicted from their KV slots: a prompt that "
                              "shares one later restores it (~1 ms) instead of prefilling it again, like "
-                             "llama-server's --cache-ram (default 8192; 0 = off)")
+                             "llama-server's --cache-ram (default 8192, at most a quarter of this machine's "
+                             "memory: %(default)s here; 0 = off)")
     parser.add_argument("--no-compact-slots", dest="compact_slots", action="store_false",
                         help="leave a gap when a slot between running ones frees (per-sequence KV "
                              "streams: every gap in the running slots costs llama.cpp one more forward pass a tick)")
@@ -90,6 +92,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="plan and fill the next batch while the current decode runs (for a GPU, whose decode "
                              "leaves the host idle; on CPU the host work competes with the kernels). A request "
                              "that stops on a stop string or end of generation rides one extra row")
+
+
+def default_host_cache_mib() -> int:
+    """llama-server's --cache-ram default, but never more than a quarter of the memory: the tier fills as prompts
+    come and go, and a small machine would run out long before 8 GiB of them."""
+    try:
+        physical_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (ValueError, OSError):  # not reported here
+        return 8192
+    return min(8192, physical_mib // 4)
 
 
 def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> LlamaCppConfig:

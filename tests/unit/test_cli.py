@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cobali import cli
+from cobali import cli, options
 
 
 @pytest.mark.parametrize(("argv", "fragment"), [
@@ -50,3 +50,11 @@ def test_a_bad_chat_template_file_is_a_clear_error(tmp_path, capsys: pytest.Capt
             cli.main(["serve", "--chat-template", str(path), "--port", "0"])
         assert exit_info.value.code == 2
         assert fragment in capsys.readouterr().err
+
+
+def test_the_host_cache_defaults_to_8_gib_and_at_most_a_quarter_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    pages = {"SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(options.os, "sysconf", lambda name: pages.get(name, 4 * 2**30 // 4096))
+    assert options.default_host_cache_mib() == 1024, "4 GiB of memory"
+    pages["SC_PHYS_PAGES"] = 64 * 2**30 // 4096
+    assert options.default_host_cache_mib() == 8192, "64 GiB"
