@@ -84,7 +84,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="host memory (MiB) for cached prefixes evicted from their KV slots: a prompt that "
                              "shares one later restores it (~1 ms) instead of prefilling it again, like "
                              "llama-server's --cache-ram (default 8192, at most a quarter of this machine's "
-                             "memory: %(default)s here; 0 = off)")
+                             "memory: %(default)s here; per engine: each of --replicas has its own; 0 = off)")
     parser.add_argument("--no-compact-slots", dest="compact_slots", action="store_false",
                         help="leave a gap when a slot between running ones frees (per-sequence KV "
                              "streams: every gap in the running slots costs llama.cpp one more forward pass a tick)")

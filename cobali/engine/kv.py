@@ -71,8 +71,8 @@ class SlotPool:
     def assign(self, prompt: list[int] | None = None,
                sources: Iterable[tuple[int, np.ndarray]] | None = None) -> Assignment:
         """Take a free slot for a request. With prefix caching, start from the longest prefix of `prompt`
-        held by a cached free slot or by a running slot in `sources` ((slot, tokens in its KV) pairs, read
-        lazily: the search stops at the first source holding all it could reuse)."""
+        held by a cached free slot, by a running slot in `sources` ((slot, tokens in its KV) pairs, read
+        lazily: the search stops at the first source holding all it could reuse), or in host memory."""
         assert self._free, "no free slot"
         if not (self.prefix_cache and prompt):
             slot = self._take_fresh()
