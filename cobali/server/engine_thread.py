@@ -30,6 +30,8 @@ from cobali.engine.engine import Engine
 from cobali.engine.request import Request
 from cobali.server.generation import Delta, EngineUnavailable, Failure, Generation
 
+SAVE_AFTER_IDLE_S = 0.05
+
 log = logging.getLogger("cobali.server")
 
 
@@ -155,6 +157,7 @@ class EngineThread:
             self._fail(f"{type(err).__name__}: {err}")
 
     def _loop(self, engine: Engine) -> None:
+        idle_since: float | None = None
         while self.state is not EngineState.STOPPED:
             self._wake.clear()  # before the check, so a submit racing with it still wakes the wait
             if self._abort_at is not None and time.monotonic() >= self._abort_at:
@@ -162,7 +165,16 @@ class EngineThread:
                 self._abort_live(engine)
             if engine.has_work:
                 self._tick(engine)
-            elif not engine.save_a_cached_prefix():  # one at a time: a request arriving meanwhile waits for one
+                idle_since = None
+                continue
+            idle_since = time.monotonic() if idle_since is None else idle_since
+            idle_for = time.monotonic() - idle_since
+            # Cached prefixes go to host memory ahead of need only once the server has idled a while, one at a
+            # time: a client that sends its next request at once must not wait for a save (measured: a prompt sent
+            # again at once, TTFT p50 22.7 ms with the save in its way, against llama-server's 12.4).
+            if idle_for < SAVE_AFTER_IDLE_S:
+                self._wake.wait(SAVE_AFTER_IDLE_S - idle_for)
+            elif not engine.save_a_cached_prefix():
                 self._wake.wait(self.idle_wait_s)
 
     def _abort_live(self, engine: Engine) -> None:
