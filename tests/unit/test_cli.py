@@ -24,6 +24,8 @@ from cobali import cli, options
      "--system-prompt-file '/nonexistent/s.txt': No such file or directory"),
     (["bench", "fidelity", "--prompts", "short_burst", "--mode", "fast"], "invalid choice: 'fast'"),
     (["serve", "--stream-interval", "0"], "--stream-interval: expected a positive integer, got 0"),
+    (["serve", "--host-cache-mib", "-1"], "--host-cache-mib: expected an integer >= 0, got -1"),
+    (["serve", "--host-cache-mib", "1.5"], "--host-cache-mib: expected an integer >= 0, got '1.5'"),
 ])
 def test_bad_flags_name_the_value(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
