@@ -9,6 +9,7 @@ state, decided while planning; the bytes stay with the runner, on the thread tha
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import OrderedDict
 
@@ -24,43 +25,54 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-class HostPrefixes:
-    """Token sequences whose KV is saved in host memory, least recently used first, within a token budget."""
+def _sortable(tokens: np.ndarray) -> bytes:
+    """Token ids as bytes that sort as the sequences do (big-endian, fixed width), prefixes first."""
+    return tokens.astype(">u4").tobytes()
 
-    def __init__(self, capacity_tokens: int, head_tokens: int) -> None:
-        assert capacity_tokens > 0 and head_tokens > 0
+
+class HostPrefixes:
+    """Token sequences whose KV is saved in host memory, least recently used first, within a token budget.
+
+    Kept sorted as sequences too: of a sorted set, the members sharing the longest prefix with any sequence sit
+    beside the place it would sort, so a lookup reads a few neighbours instead of every entry (1600 entries
+    behind one 300-token system prompt: 4.3 ms a lookup when they were scanned). No entry is a prefix of another:
+    a longer one replaces it, and a shorter one is not saved."""
+
+    def __init__(self, capacity_tokens: int, min_tokens: int) -> None:
+        assert capacity_tokens > 0 and min_tokens > 0
         self.capacity_tokens = capacity_tokens
-        # A reuse shorter than this is worth nothing, so entries are grouped by their first head_tokens tokens.
-        self.head_tokens = head_tokens
+        self.min_tokens = min_tokens  # a shorter reuse is worth nothing
         self._entries: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._by_head: dict[bytes, set[int]] = {}
+        self._sorted: list[bytes] = []
+        self._key_of: dict[bytes, int] = {}
         self._keys = itertools.count()
         self.held_tokens = 0
         self.hit_tokens = 0  # prompt tokens restored from host memory
 
     @classmethod
-    def sized(cls, info: BackendInfo, mib: int, head_tokens: int) -> HostPrefixes | None:
+    def sized(cls, info: BackendInfo, mib: int, min_tokens: int) -> HostPrefixes | None:
         """A tier of `mib` MiB of the backend's KV; None if that is nothing or the backend cannot save KV."""
         if mib <= 0 or info.kv_bytes_per_token <= 0:
             return None
-        return cls(max(1, mib * 2**20 // info.kv_bytes_per_token), head_tokens)
+        return cls(max(1, mib * 2**20 // info.kv_bytes_per_token), min_tokens)
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def _head(self, tokens: np.ndarray) -> bytes:
-        return tokens[: self.head_tokens].tobytes()
 
     def best(self, tokens: np.ndarray, cap: int, max_len: int) -> tuple[int | None, int]:
         """The entry sharing the longest prefix with `tokens` (counted up to `cap`), among the entries of at
         most max_len tokens (a restore fills the whole entry before it is trimmed). It becomes the most recently
         used: the slot a restore empties may save its own prefix, which must not forget the one to restore."""
+        at = bisect.bisect_left(self._sorted, _sortable(tokens))
         best, best_len = None, 0
-        for key in self._by_head.get(self._head(tokens), ()):
-            held = self._entries[key]
-            if len(held) <= max_len:
+        for indices in (range(at - 1, -1, -1), range(at, len(self._sorted))):
+            for i in indices:  # what they share with `tokens` only shrinks away from `at`
+                key = self._key_of[self._sorted[i]]
+                held = self._entries[key]
                 n = min(common_prefix(tokens, held), cap)
-                if n > best_len:
+                if n <= best_len:
+                    break
+                if len(held) <= max_len:
                     best, best_len = key, n
         if best is not None:
             self._entries.move_to_end(best)
@@ -68,21 +80,22 @@ class HostPrefixes:
 
     def save(self, slot: int, tokens: np.ndarray) -> list[KvOp]:
         """What keeps `tokens`, the KV of `slot` about to be dropped, in host memory: nothing when an entry holds
-        them already; else a SaveSlot, and a ForgetSaved for each entry they extend (a chat's earlier turn) and
-        for the least recently used ones past the budget."""
-        if len(tokens) < self.head_tokens or len(tokens) > self.capacity_tokens:
+        them already; else a SaveSlot, a ForgetSaved for the entry they extend (a chat's earlier turn), if any,
+        and one for each least recently used entry past the budget."""
+        if len(tokens) < self.min_tokens or len(tokens) > self.capacity_tokens:
             return []
-        head = self._head(tokens)
-        shared = {key: common_prefix(tokens, self._entries[key]) for key in self._by_head.get(head, ())}
-        for key, n in shared.items():
-            if n == len(tokens):
-                self._entries.move_to_end(key)
-                return []
+        sortable = _sortable(tokens)
+        at = bisect.bisect_left(self._sorted, sortable)
+        if at < len(self._sorted) and self._sorted[at].startswith(sortable):  # sorts first among its extensions
+            self._entries.move_to_end(self._key_of[self._sorted[at]])
+            return []
         key = next(self._keys)
         ops: list[KvOp] = [SaveSlot(slot, key)]
-        ops += [self._forget(k) for k, n in shared.items() if n == len(self._entries[k])]
+        if at > 0 and sortable.startswith(self._sorted[at - 1]):  # a prefix sorts just before what extends it
+            ops.append(self._forget(self._key_of[self._sorted[at - 1]]))
+        bisect.insort(self._sorted, sortable)
+        self._key_of[sortable] = key
         self._entries[key] = tokens
-        self._by_head.setdefault(head, set()).add(key)
         self.held_tokens += len(tokens)
         while self.held_tokens > self.capacity_tokens:  # never the new entry: it is the newest and fits alone
             ops.append(self._forget(next(iter(self._entries))))
@@ -93,11 +106,9 @@ class HostPrefixes:
 
     def _forget(self, key: int) -> ForgetSaved:
         tokens = self._entries.pop(key)
-        head = self._head(tokens)
-        group = self._by_head[head]
-        group.discard(key)
-        if not group:
-            del self._by_head[head]
+        sortable = _sortable(tokens)
+        del self._sorted[bisect.bisect_left(self._sorted, sortable)]
+        del self._key_of[sortable]
         self.held_tokens -= len(tokens)
         return ForgetSaved(key)
 

@@ -8,7 +8,7 @@ from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.kv_tier import HostPrefixes
+from cobali.engine.kv_tier import HostPrefixes, common_prefix
 from cobali.engine.plan import ForgetSaved, LoadSlot, SaveSlot
 
 ONE = SamplingParams(max_tokens=1)
@@ -116,7 +116,7 @@ def test_dropping_the_cached_prefixes_forgets_those_in_host_memory() -> None:
 
 
 def test_host_prefixes_match_within_room_and_never_forget_the_entry_just_saved() -> None:
-    host = HostPrefixes(capacity_tokens=50, head_tokens=4)
+    host = HostPrefixes(capacity_tokens=50, min_tokens=4)
     a, b = np.arange(1, 31, dtype=np.int32), np.arange(100, 140, dtype=np.int32)
     assert host.save(0, a) == [SaveSlot(0, 0)]
     assert host.best(np.concatenate([a[:20], b]), cap=59, max_len=30) == (0, 20)
@@ -151,3 +151,23 @@ def test_an_idle_engine_saves_its_cached_prefixes_ahead_so_a_later_request_waits
     assert send(engine, prompt(30, 3)) == 0
     assert not any(isinstance(op, SaveSlot) for t in engine.ticks for op in t.plan.kv_ops), "a's slot: a is saved"
     assert send(engine, a) == 29
+
+
+def test_host_prefixes_find_the_longest_shared_prefix_as_a_scan_of_every_entry_would() -> None:
+    """Lookups read only the neighbours of where a prompt sorts; a scan of every entry is the reference."""
+    rng = np.random.default_rng(3)
+    host = HostPrefixes(capacity_tokens=4000, min_tokens=2)
+
+    def sequence() -> np.ndarray:  # three letters: long shared prefixes, prefixes of one another
+        return rng.integers(1, 4, size=int(rng.integers(2, 40))).astype(np.int32)
+
+    for _ in range(300):
+        host.save(0, sequence())
+        entries = list(host._entries.values())
+        query, cap, max_len = sequence(), int(rng.integers(1, 40)), int(rng.integers(2, 45))
+        expected = max((min(common_prefix(query, e), cap) for e in entries if len(e) <= max_len), default=0)
+        key, n = host.best(query, cap, max_len)
+        assert n == expected and (key is None) == (expected == 0)
+    entries = list(host._entries.values())
+    assert not any(len(a) < len(b) and common_prefix(a, b) == len(a) for a in entries for b in entries)
+    assert host.held_tokens == sum(map(len, entries)) <= 4000
