@@ -2,8 +2,8 @@
 
 A free slot's cached prefix is lost when a request that reuses none of it takes the slot. With this tier its KV
 is first copied to host memory, and a later prompt sharing it restores it into an empty slot instead of
-prefilling it again: on 2 cores, SmolLM2-135M's 400-token prompt saves in ~7 ms (22.5 KiB a token) and restores
-in ~1 ms, against 1.2 s of prefill. llama-server keeps prompts the same way (--cache-ram). The index is host
+prefilling it again: on 2 cores, SmolLM2-135M's 400-token prompt (22.5 KiB a token) saves in 2-7 ms and
+restores in ~1 ms, against 1.2 s of prefill. llama-server keeps prompts the same way (--cache-ram). The index is host
 state, decided while planning; the bytes stay with the runner, on the thread that runs the KV operations.
 """
 
