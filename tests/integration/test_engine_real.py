@@ -112,10 +112,11 @@ def test_a_sequence_restored_from_host_memory_into_another_stream_gives_the_same
     np.testing.assert_allclose(logits[0], logits[1], atol=1e-4)
 
 
-def test_a_prompt_restored_from_host_memory_matches_seq_up_to_near_ties(backend) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_prompt_restored_from_host_memory_matches_seq_up_to_near_ties(backend, async_scheduling: bool) -> None:
     """Two slots: the prompt's KV leaves its slot for the two after it, to host memory, and comes back from there."""
     prompt = PROMPTS[6]
-    engine = Engine(backend, EngineConfig(max_slots=2, n_batch=256))
+    engine = Engine(backend, EngineConfig(max_slots=2, n_batch=256, async_scheduling=async_scheduling))
     for text in (prompt, PROMPTS[1], PROMPTS[4]):
         greedy_traces(engine, [WorkItem(text, 4)], 16)
     again = greedy_traces(engine, [WorkItem(prompt, 12)], 16)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
@@ -37,10 +38,11 @@ def saved(engine: Engine) -> list[np.ndarray]:
     return list(engine.kv_runner._saved.values())
 
 
-def test_a_prefix_evicted_from_its_slot_is_restored_and_generates_the_same() -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_prefix_evicted_from_its_slot_is_restored_and_generates_the_same(async_scheduling: bool) -> None:
     prompts = [prompt(30, s) for s in range(4)]
     long = SamplingParams(max_tokens=8, ignore_eos=True)
-    engine = make_engine()
+    engine = make_engine(async_scheduling=async_scheduling)
     first = engine.generate([prompts[0]], long)[0].output_tokens
     assert [send(engine, p) for p in prompts[1:]] == [0, 0, 0], "two slots: the first prompt's slot is taken"
     assert prompts[0] not in [engine.backend.kv[s][:30] for s in range(2)]
