@@ -96,10 +96,12 @@ def apply_chunk(record: ClientRecord, data: str, now: float) -> bool:
     if chunk.get("error"):
         record.error = f"server error: {chunk['error']}"
         return False
-    texts = [c.get("text") or "" for c in chunk.get("choices") or []]
-    if any(texts):
-        # Only chunks with text count: some servers end with an empty chunk carrying finish_reason,
-        # which is not a token and would add a fake inter-token gap.
+    choices = chunk.get("choices") or []
+    texts = [c.get("text") or "" for c in choices]
+    # A chunk is a token's arrival when it has text or ends nothing: a token without text (an end token that
+    # ignore_eos lets through, as vLLM and cobali stream it) came then too. Some servers end with an empty chunk
+    # carrying finish_reason, which is not a token and would add a fake inter-token gap.
+    if any(texts) or (choices and not any(c.get("finish_reason") for c in choices)):
         record.chunk_times.append(now)
         record.text += "".join(texts)
     if usage := chunk.get("usage"):

@@ -237,8 +237,8 @@ class Engine:
                   else FinishReason.LENGTH if request.is_at_length(count, self.slots.accountant.seq_limit) else None)
         if reason is not None:
             self.finish(request, reason, now, stopped=hit_stop)
-        elif due and (delta := stream.take(count)):
-            callback(request, delta, count)
+        elif due:  # with no text yet (an end token under ignore_eos, a held-back stop prefix): an empty delta, as vLLM
+            callback(request, stream.take(count), count)
 
     def _decode_to(self, request: Request, stream: TextStream, end: int) -> bool:
         """Push output tokens up to `end` into the request's text; True when a stop string was hit."""

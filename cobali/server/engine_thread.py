@@ -226,8 +226,7 @@ class EngineThread:
                 self._live.pop(request.id, None)
             if self.observer is not None:
                 self.observer.request_finished(request)
-        if delta or finished:
-            self._outbox.append((generation, Delta(index, delta, finished, n_tokens)))
+        self._outbox.append((generation, Delta(index, delta, finished, n_tokens)))
 
 
 def settle_heap() -> None:

@@ -73,9 +73,10 @@ def test_sse_lines_and_chunks() -> None:
     assert sse_data(": comment") is None and sse_data("") is None and sse_data("event: x") is None
     record = ClientRecord(0)
     assert apply_chunk(record, '{"choices": [{"text": "Hi"}]}', 1.0)
-    assert apply_chunk(record, '{"choices": [{"text": ""}]}', 2.0)
+    assert apply_chunk(record, '{"choices": [{"text": ""}]}', 2.0)  # a token without text
+    assert apply_chunk(record, '{"choices": [{"text": "", "finish_reason": "length"}]}', 2.5)  # no token
     assert not apply_chunk(record, "[DONE]", 3.0)
-    assert record.text == "Hi" and record.chunk_times == [1.0]
+    assert record.text == "Hi" and record.chunk_times == [1.0, 2.0]
     assert not apply_chunk(record, '{"error": {"message": "bad"}}', 4.0)
     assert "bad" in record.error
 

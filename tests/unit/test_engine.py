@@ -179,6 +179,19 @@ def test_seeded_sampling_is_per_request_and_reproducible() -> None:
     assert greedy.output_tokens != first[0].output_tokens
 
 
+def test_a_token_without_text_is_handed_over_as_it_comes() -> None:
+    """An end-of-generation token under ignore_eos has no text; its stream still hears of it at once (an empty
+    delta, as vLLM streams a chunk per token), so a client times its tokens as they come."""
+    prompt = [1 + (i * 7 + 23) % 90 for i in range(8)]  # its second output token is the fake's end token
+    engine = make_engine()
+    calls: list[tuple[int, str]] = []
+    request = engine.add_request(prompt, SamplingParams(max_tokens=5, ignore_eos=True),
+                                 on_token=lambda _r, delta, n: calls.append((n, delta)))
+    engine.run_until_done()
+    assert request.output_tokens[1] == EOG_TOKEN
+    assert calls == [(1, "Q"), (2, ""), (3, ">"), (4, "E"), (5, "^")]
+
+
 def test_stream_yields_the_final_text() -> None:
     engine = make_engine()
     text = "".join(engine.stream("hello", SamplingParams(max_tokens=8, ignore_eos=True)))

@@ -83,6 +83,15 @@ def test_an_idle_server_saves_its_cached_prefixes_to_host_memory(api: TestClient
         time.sleep(0.01)
 
 
+def test_a_token_without_text_still_makes_a_chunk(api: TestClient) -> None:
+    """Under ignore_eos an end token has no text; the client still gets a chunk as it comes (as vLLM streams), so
+    benchmarks time every token, whichever server bans or samples end tokens."""
+    prompt = [1 + (i * 7 + 23) % 90 for i in range(8)]  # its second output token is the fake's end token
+    request = {"prompt": prompt, "max_tokens": 5, "ignore_eos": True, "stream": True, "temperature": 0}
+    chunks = sse_payloads(api.post("/v1/completions", json=request).text)
+    assert [c["choices"][0]["text"] for c in chunks if c["choices"]] == ["Q", "", ">", "E", "^"]
+
+
 def test_streamed_completion_equals_the_whole_one(api: TestClient) -> None:
     request = {"prompt": "stream me", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     whole = api.post("/v1/completions", json=request).json()["choices"][0]["text"]
