@@ -91,7 +91,9 @@ class SlotPool:
                 self.host.hit_tokens += reused
                 self._ops.append(LoadSlot(key, slot, reused))
         elif source is not None and source in self._free and (keeping is None or source in keeping):
-            slot = source  # the prefix is already in this very slot: keep it, drop the rest
+            slot = source  # the prefix is already in this very slot: keep it, drop the rest (to host memory first)
+            if self.host is not None and reused < len(self._cached[slot]):
+                self._ops += self.host.save(slot, self._cached[slot])
             self._free.remove(slot)
             self._no_gap = False
             self._ops.append(TrimSlot(slot, reused))

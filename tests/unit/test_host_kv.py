@@ -173,3 +173,12 @@ def test_host_prefixes_find_the_longest_shared_prefix_as_a_scan_of_every_entry_w
     entries = list(host._entries.values())
     assert not any(len(a) < len(b) and common_prefix(a, b) == len(a) for a in entries for b in entries)
     assert host.held_tokens == sum(map(len, entries)) <= 4000
+
+
+def test_a_prefix_trimmed_in_place_for_a_prompt_sharing_part_of_it_keeps_its_tail_in_host_memory() -> None:
+    engine = make_engine(slots=1)
+    doc = prompt(30, 1)
+    a, b = doc + prompt(20, 2), doc + prompt(20, 3)
+    send(engine, a)
+    assert send(engine, b) == 30, "b reuses the shared 30 tokens in a's slot, trimming a's tail"
+    assert send(engine, a) == 49, "a's tail was saved before the trim"
