@@ -83,7 +83,8 @@ class SlotPool:
         if reused < self.min_reuse_tokens:
             source, reused = None, 0
         keeping = self._slots_keeping_runs() if self.compacts else None  # None: any free slot keeps them
-        if self._host_match(tokens, reused)[0] is not None:
+        if (match := self._host_match(tokens, reused)[0]) is not None:
+            self.host.keep(match)  # the save that taking a slot may make then forgets others first
             slot = self._take_fresh(keeping=keeping)
             # Looked up again: taking the slot may have saved its own prefix and forgotten older ones.
             key, reused = self._host_match(tokens, 0)

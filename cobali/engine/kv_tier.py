@@ -61,8 +61,7 @@ class HostPrefixes:
 
     def best(self, tokens: np.ndarray, cap: int, max_len: int) -> tuple[int | None, int]:
         """The entry sharing the longest prefix with `tokens` (counted up to `cap`), among the entries of at
-        most max_len tokens (a restore fills the whole entry before it is trimmed). It becomes the most recently
-        used: the slot a restore empties may save its own prefix, which must not forget the one to restore."""
+        most max_len tokens (a restore fills the whole entry before it is trimmed)."""
         at = bisect.bisect_left(self._sorted, _sortable(tokens))
         best, best_len = None, 0
         for indices in (range(at - 1, -1, -1), range(at, len(self._sorted))):
@@ -74,9 +73,11 @@ class HostPrefixes:
                     break
                 if len(held) <= max_len:
                     best, best_len = key, n
-        if best is not None:
-            self._entries.move_to_end(best)
         return best, best_len
+
+    def keep(self, key: int) -> None:
+        """Make the entry the most recently used (one about to be restored)."""
+        self._entries.move_to_end(key)
 
     def save(self, slot: int, tokens: np.ndarray) -> list[KvOp]:
         """What keeps `tokens`, the KV of `slot` about to be dropped, in host memory: nothing when an entry holds
