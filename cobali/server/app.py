@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from cobali.engine.engine import Engine
-from cobali.server import chat, embeddings, openai_routes, responses
+from cobali.server import chat, embeddings, openai_routes, responses, tokenizer_routes
 from cobali.server.config import DEFAULT_MAX_BODY_BYTES
 from cobali.server.engine_thread import EngineThread, QueueFull
 from cobali.server.errors import APIError, install_error_handlers, unavailable, unknown_model
@@ -26,8 +26,8 @@ ops = APIRouter()
 
 
 async def require_api_key(http: Request) -> None:
-    """Bearer auth for /v1/* and /slots; /health and /metrics stay open for probes and scrapers. Async,
-    because FastAPI runs a plain-def dependency on a worker thread: a thread hop per request."""
+    """Bearer auth for /v1/*, /tokenize, /detokenize and /slots; /health and /metrics stay open for probes and
+    scrapers. Async, because FastAPI runs a plain-def dependency on a worker thread: a thread hop per request."""
     key = http.app.state.server.api_key
     if key is None:
         return
@@ -133,6 +133,6 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
         return APIError(429, str(err), "rate_limit_error", code="queue_full").response()
 
     app.include_router(ops)
-    for routes in (openai_routes, chat, embeddings, responses):
+    for routes in (openai_routes, chat, embeddings, responses, tokenizer_routes):
         app.include_router(routes.router, dependencies=[Depends(require_api_key)])
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -30,15 +31,20 @@ def chat_prompter(http: Request, engine: Engine) -> ChatPrompter:
     return state.prompter
 
 
+def chat_prompt_text(http: Request, engine: Engine, messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]] | None) -> str:
+    """The messages and tools through the chat template; a template that refuses them is a 400."""
+    try:
+        return chat_prompter(http, engine).prompt(messages, tools)
+    except ValueError as err:
+        raise bad_request(str(err), "messages") from None
+
+
 def chat_prompt(http: Request, engine: Engine, body: ChatCompletionRequest) -> list[int]:
     """The prompt's tokens: the messages and active tools through the chat template."""
     messages = [m.as_template_input() for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.active_tools] or None
-    try:
-        text = chat_prompter(http, engine).prompt(messages, tools)
-    except ValueError as err:
-        raise bad_request(str(err), "messages") from None
-    return tokenize(engine, text, "messages")
+    return tokenize(engine, chat_prompt_text(http, engine, messages, tools), "messages")
 
 
 @router.post("/v1/chat/completions")

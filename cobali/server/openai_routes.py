@@ -129,9 +129,9 @@ async def completions(body: CompletionRequest, http: Request) -> Response:
     prompts = [tokenize(engine, p, "prompt") for p in body.prompts()]
     echoes = None
     if body.echo:  # the prompt as sent; token-id prompts are rendered from their tokens
-        echoes = [p if isinstance(p, str) else _detokenize(engine, p) for p in body.prompts()]
+        echoes = [p if isinstance(p, str) else detokenize(engine, p) for p in body.prompts()]
     return await generate(http, engine, body, prompts, COMPLETION, echoes)
 
 
-def _detokenize(engine: Engine, tokens: list[int]) -> str:
+def detokenize(engine: Engine, tokens: list[int]) -> str:
     return b"".join(map(engine.backend.token_bytes, tokens)).decode("utf-8", errors="replace")

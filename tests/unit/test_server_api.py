@@ -270,6 +270,8 @@ def test_api_key_is_required_on_the_api_but_not_on_probes() -> None:
             assert response.status_code == 401
             assert response.json()["error"]["code"] == "invalid_api_key"
         assert client.get("/slots").status_code == 401
+        assert client.post("/tokenize", json={"prompt": "x"}).status_code == 401
+        assert client.post("/detokenize", json={"tokens": [1]}).status_code == 401
         ok = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1},
                          headers={"Authorization": "Bearer sekret"})
         assert ok.status_code == 200

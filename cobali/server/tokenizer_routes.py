@@ -1,0 +1,73 @@
+"""POST /tokenize and /detokenize, with vLLM's request and response shapes.
+
+A client counts a prompt's tokens before sending it (to fit the context, or to price it): the count must be the
+one generation will use, so a prompt is tokenized as /v1/completions tokenizes it, and messages go through the
+chat template exactly as /v1/chat/completions sends them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import Field, model_validator
+
+from cobali.server.chat import chat_prompt_text
+from cobali.server.chat_schemas import ChatMessage, Tool
+from cobali.server.errors import bad_request
+from cobali.server.openai_routes import detokenize, served_engine
+from cobali.server.schemas import RequestBody
+from cobali.server.unknown_fields import ignored_fields_headers
+
+router = APIRouter()
+
+
+class TokenizeRequest(RequestBody):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    # The chat route always ends the prompt where the reply starts; a count of anything else would mislead.
+    add_generation_prompt: Literal[True] = True
+    add_special_tokens: bool = True  # as both generation routes tokenize (a template's own BOS is not doubled)
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools go with messages")
+        return self
+
+
+class DetokenizeRequest(RequestBody):
+    model: str | None = None
+    tokens: list[int] = Field(max_length=1 << 20)
+
+
+@router.post("/tokenize")
+async def tokenize_route(body: TokenizeRequest, http: Request) -> JSONResponse:
+    engine = served_engine(http, body.model)
+    if body.messages is not None:
+        tools = [t.model_dump(exclude_none=True) for t in body.tools or ()] or None
+        text = chat_prompt_text(http, engine, [m.as_template_input() for m in body.messages], tools)
+    else:
+        assert body.prompt is not None
+        text = body.prompt
+    tokens = engine.backend.tokenize(text, body.add_special_tokens)
+    strs = None
+    if body.return_token_strs:
+        strs = [engine.backend.token_bytes(t).decode("utf-8", errors="replace") for t in tokens]
+    return JSONResponse({"count": len(tokens), "max_model_len": engine.slots.accountant.seq_limit,
+                         "tokens": tokens, "token_strs": strs}, headers=ignored_fields_headers(body))
+
+
+@router.post("/detokenize")
+async def detokenize_route(body: DetokenizeRequest, http: Request) -> JSONResponse:
+    engine = served_engine(http, body.model)
+    n_vocab = engine.backend.info.n_vocab
+    if any(not 0 <= t < n_vocab for t in body.tokens):
+        raise bad_request(f"token ids must be in [0, {n_vocab})", "tokens")
+    return JSONResponse({"prompt": detokenize(engine, body.tokens)}, headers=ignored_fields_headers(body))
