@@ -36,6 +36,8 @@ class SamplingParams:
     logprobs: int | None = None  # report each sampled token's logprob and this many top alternatives
     prompt_logprobs: int | None = None  # also each prompt token's logprob (after the first), with alternatives
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit before sampling)
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the output as an end-of-generation token does
+    min_tokens: int = 0  # until this many are out, end tokens and stop_token_ids are never sampled, stop strings unseen
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -54,6 +56,12 @@ class SamplingParams:
         _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         _check(all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite")
+        _check(0 <= self.min_tokens <= self.max_tokens,
+               f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}")
+        _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids (>= 0)")
+        # A finished grammar allows nothing but an end token: banning it would leave no token to sample.
+        _check(not (self.min_tokens and self.grammar), "min_tokens cannot be combined with a grammar "
+               "(response_format json_object or json_schema, or a forced tool call)")
 
     @cached_property  # read for every sampled token
     def is_greedy(self) -> bool:
@@ -71,7 +79,7 @@ class SamplingParams:
     def needs_only_argmax(self) -> bool:
         """A generated token's logits are read for nothing but their argmax (no logprobs to report), so the
         backend may pick it without handing the logits over. Prompt logprobs read only prefill rows."""
-        return self.is_greedy and self.logprobs is None
+        return self.is_greedy and self.logprobs is None and self.min_tokens == 0  # a ban is applied on the host
 
 
 def _check(ok: bool, message: str) -> None:

@@ -14,10 +14,14 @@ class TextStream:
     can: each token where stop strings must be checked, else only when text is due (every `interval` tokens
     for a streamed request, the first text at once) or at the end."""
 
-    def __init__(self, stop: tuple[str, ...] = (), interval: int = 1) -> None:
+    def __init__(self, stop: tuple[str, ...] = (), interval: int = 1, min_tokens: int = 0) -> None:
         assert interval >= 1, interval
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = stop
+        # As vLLM: stop strings count once min_tokens are out, from the text of the token that made it so (and the
+        # characters before it that a stop string could start in), never from text already emitted.
+        self._min_tokens = min_tokens
+        self._stop_from = 0
         self.interval = interval
         self.decoded = 0  # output tokens whose bytes are in the text
         self.sent_at = 0  # output tokens when text was last taken (0: none yet)
@@ -39,10 +43,13 @@ class TextStream:
     def push(self, piece: bytes, decoded: int | None = None) -> bool:
         """Add tokens' bytes (decoded: the output tokens in the text with them); True when a stop string was hit
         (the text ends before it)."""
+        was_short, before = self.decoded < self._min_tokens, len(self._text)
         if decoded is not None:
             self.decoded = decoded
         self._text += self._decoder.decode(piece)
-        if self._stop:
+        if self._stop and self.decoded >= self._min_tokens:
+            if was_short:
+                self._stop_from = max(self._emitted, before - max(map(len, self._stop)) + 1)
             cut = self._first_stop()
             if cut is not None:
                 self._text = self._text[:cut]
@@ -71,7 +78,7 @@ class TextStream:
     def _first_stop(self) -> int | None:
         # A stop string can only complete in the text added since the last emitted character.
         longest = max(map(len, self._stop))
-        start = max(0, self._emitted - longest + 1)
+        start = max(self._stop_from, self._emitted - longest + 1)
         hits = [i for s in self._stop if (i := self._text.find(s, start)) >= 0]
         return min(hits) if hits else None
 

@@ -48,8 +48,8 @@ class Engine:
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
             budget=tick_budget(config, costs, backend.info.prefill_tile), prefill_tile=backend.info.prefill_tile,
         )
-        self.sampler = RowSampler(backend)
-        self._eog_ids = frozenset(np.flatnonzero(backend.eog_mask()).tolist())
+        self.sampler = RowSampler(backend, np.flatnonzero(backend.eog_mask()))
+        self._eog_ids = frozenset(self.sampler.eog_ids.tolist())
         self.requests: dict[int, Request] = {}
         self.ticks: list[TickRecord] = []
         self.on_tick: Callable[[TickRecord], None] | None = None
@@ -89,7 +89,7 @@ class Engine:
         request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority,
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
         self.requests[request.id] = request
-        self._texts[request.id] = TextStream(params.stop, stream_interval)
+        self._texts[request.id] = TextStream(params.stop, stream_interval, params.min_tokens)
         if on_token is not None:
             self._callbacks[request.id] = on_token
         self._inbox.append(request)
@@ -227,7 +227,7 @@ class Engine:
     def _accept(self, request: Request, token: int, count: int, now: float) -> None:
         """count: the request's outputs up to and including this token (more may stand in line behind it)."""
         request.token_times.append(now)
-        is_eog = token in self._eog_ids and not request.params.ignore_eos
+        is_eog = (token in self._eog_ids and not request.params.ignore_eos) or token in request.params.stop_token_ids
         stream = self._texts[request.id]
         callback = self._callbacks.get(request.id)
         # Text is decoded only when someone reads it now: a due stream, or stop strings; else later or at the end.

@@ -98,6 +98,14 @@ class Request:
             self.transition(RequestState.DECODE)
         self.output_tokens.append(token)
 
+    @property
+    def n_sampled(self) -> int:
+        """Outputs sampled so far, without the stand-ins of tokens still being sampled."""
+        n = len(self.output_tokens)
+        while n and self.output_tokens[n - 1] == PENDING_TOKEN:
+            n -= 1
+        return n
+
     def drop_pending_tokens(self) -> bool:
         """Forget stand-ins for tokens that will never be taken (the request ends with a decode in flight);
         True if there were any."""

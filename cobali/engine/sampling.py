@@ -36,6 +36,9 @@ class Sampling(Protocol):
     id: int
     params: SamplingParams
 
+    @property
+    def n_sampled(self) -> int: ...
+
 
 class RowSampler:
     """Samples every request that reached a sampling point in the last decode.
@@ -45,8 +48,9 @@ class RowSampler:
     request's life so penalties and RNG state follow the request.
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, eog_ids: np.ndarray) -> None:
         self.backend = backend
+        self.eog_ids = eog_ids  # what min_tokens bans, with the request's stop_token_ids
         self._samplers: dict[int, TokenSampler] = {}
 
     def sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int]
@@ -55,6 +59,27 @@ class RowSampler:
         `logits` (more rows than requests when some asked for prompt logprobs). Returns one token per
         request, None where that request's sampler failed, and the failures' messages by request id: one
         request's sampler must not take the engine (and every other request) down with it."""
+        banned = self._ban_end_tokens(logits, requests, out_rows)
+        try:
+            return self._sample(logits, requests, rows, out_rows)
+        finally:  # logprobs are read from the model's own logits
+            for out_row, ids, values in banned:
+                logits[out_row, ids] = values
+
+    def _ban_end_tokens(self, logits: np.ndarray, requests: list[Sampling], out_rows: list[int]
+                        ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """min_tokens: in the rows of requests short of it, end tokens and stop_token_ids get -inf, in place (a
+        llama.cpp chain reads the same buffer). Returns each changed row's ids and old values."""
+        banned = []
+        for request, out_row in zip(requests, out_rows, strict=True):
+            if request.params.min_tokens and request.n_sampled < request.params.min_tokens:
+                ids = np.union1d(self.eog_ids, request.params.stop_token_ids).astype(np.int64)
+                banned.append((out_row, ids, logits[out_row, ids].copy()))
+                logits[out_row, ids] = -np.inf
+        return banned
+
+    def _sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int]
+                ) -> tuple[list[int | None], dict[int, str]]:
         greedy = [r.params.is_greedy for r in requests]
         best = self.backend.argmax(logits).tolist() if any(greedy) else []
         if all(greedy):

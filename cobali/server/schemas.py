@@ -129,6 +129,8 @@ class GenerationRequest(RequestBody):
     stop: Annotated[str | list[str] | None, one_of("a string or a list of strings")] = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)  # vLLM's extras
+    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
     priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # lower runs first with `serve --queue priority`
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -183,7 +185,8 @@ class GenerationRequest(RequestBody):
             ignore_eos=self.ignore_eos,
             grammar=self.grammar(),
             logprobs=self.logprob_count(), prompt_logprobs=self.prompt_logprob_count(),
-            logit_bias=self.token_biases(limits.n_vocab),
+            logit_bias=self.token_biases(limits.n_vocab), stop_token_ids=self.stop_tokens(limits.n_vocab),
+            min_tokens=self.min_tokens,
         )
 
     def grammar(self) -> str | None:
@@ -195,6 +198,12 @@ class GenerationRequest(RequestBody):
             if token >= n_vocab:
                 raise ValueError(f"logit_bias: token id {token} is not in the vocabulary [0, {n_vocab})")
         return biases
+
+    def stop_tokens(self, n_vocab: int) -> tuple[int, ...]:
+        tokens = tuple(self.stop_token_ids or ())
+        if any(not 0 <= t < n_vocab for t in tokens):
+            raise ValueError(f"stop_token_ids must be token ids in [0, {n_vocab})")
+        return tokens
 
     def prompt_logprob_count(self) -> int | None:
         return None

@@ -193,3 +193,33 @@ def test_a_prompt_evicted_from_every_slot_comes_back_from_host_memory(client: Op
     values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line.startswith("cobali:")}
     assert values["cobali:prefix_cache_host_hits_total"] >= again.prompt_tokens - 1
     assert values["cobali:host_cache_bytes"] > 0
+
+
+def test_tokenize_counts_what_generation_bills_on_the_real_tokenizer(client: OpenAI) -> None:
+    """The model's own template and tokenizer: /tokenize's count is the completion's and the chat's usage."""
+    base = str(client.base_url).removesuffix("/v1/")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    for body, used in [
+        ({"prompt": PROMPT}, client.completions.create(model="smol", prompt=PROMPT, max_tokens=1)),
+        ({"messages": messages}, client.chat.completions.create(model="smol", messages=messages, max_tokens=1)),
+    ]:
+        reply = httpx.post(f"{base}/tokenize", json=body, timeout=30).json()
+        assert reply["count"] == used.usage.prompt_tokens, body
+    tokens = httpx.post(f"{base}/tokenize", json={"prompt": PROMPT}, timeout=30).json()["tokens"]
+    assert httpx.post(f"{base}/detokenize", json={"tokens": tokens}, timeout=30).json()["prompt"] == PROMPT
+
+
+def test_min_tokens_masks_the_end_token_in_llama_cpps_logits(client: OpenAI) -> None:
+    """The ban is written into llama.cpp's own logits buffer, which its sampler chain reads: an end token biased
+    to come first still waits for min_tokens."""
+    base = str(client.base_url).removesuffix("/v1/")
+    end = httpx.post(f"{base}/tokenize", json={"prompt": "<|im_end|>", "add_special_tokens": False},
+                     timeout=30).json()["tokens"]
+    assert len(end) == 1
+    messages = [{"role": "user", "content": "Tell me about Paris."}]
+    sampling = {"max_tokens": 24, "temperature": 0.7, "seed": 5, "logit_bias": {str(end[0]): 100}}
+    short = client.chat.completions.create(model="smol", messages=messages, **sampling)
+    assert (short.choices[0].finish_reason, short.choices[0].message.content) == ("stop", "")
+    longer = client.chat.completions.create(model="smol", messages=messages, **sampling, extra_body={"min_tokens": 6})
+    assert longer.choices[0].finish_reason == "stop" and longer.usage.completion_tokens > 6
+    assert longer.choices[0].message.content
