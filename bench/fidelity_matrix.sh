@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fidelity matrix of the README: `cobali bench fidelity` for four candidate configurations on two workloads.
+# The fidelity matrix of docs/results.md ("Output fidelity"): `cobali bench fidelity` for four candidate configurations on two workloads.
 #   [THREADS=N] bench/fidelity_matrix.sh [OUT_DIR]      (default results/fidelity; ~15-25 min on 2 quiet cores)
 # THREADS=1 keeps llama.cpp fast on a busy machine (its spinning thread pool collapses when cores are shared).
 set -uo pipefail

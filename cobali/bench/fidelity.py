@@ -22,9 +22,9 @@ from cobali.engine.request import FinishReason
 from cobali.workloads import WorkItem
 
 # Largest reference margin (nats) at which a divergence still counts as noise. Measured on this project's
-# 2-core AMD EPYC VM (bench/fidelity_matrix.sh; README, "Output fidelity"): noise divergences over two workloads
-# and four configurations (mixed batches, 32-token chunks, preemption, prefix reuse) all sat at margins of
-# 0.002-0.31 nats; the planted bugs of tests/integration/test_engine_real.py diverged at up to 2.5-3.1 nats
+# 2-core AMD EPYC VM (bench/fidelity_matrix.sh; docs/results.md, "Output fidelity"): noise divergences over
+# two workloads and four configurations (mixed batches, 32-token chunks, preemption, prefix reuse) all sat at
+# margins of 0.002-0.31 nats; the planted bugs of tests/integration/test_engine_real.py diverged at up to 2.5-3.1 nats
 # (the first step of a corrupted request may still land on a near-tie: a run is judged by its largest).
 # 1.0 leaves 3x headroom over the noise for other CPUs' kernels and stays well under the bugs.
 EPSILON = 1.0
