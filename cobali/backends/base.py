@@ -38,6 +38,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit before sampling)
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the output as an end-of-generation token does
     min_tokens: int = 0  # until this many are out, end tokens and stop_token_ids are never sampled, stop strings unseen
+    include_stop_str: bool = False  # the stop string that ended the output ends its text too
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")

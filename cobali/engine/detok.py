@@ -14,7 +14,8 @@ class TextStream:
     can: each token where stop strings must be checked, else only when text is due (every `interval` tokens
     for a streamed request, the first text at once) or at the end."""
 
-    def __init__(self, stop: tuple[str, ...] = (), interval: int = 1, min_tokens: int = 0) -> None:
+    def __init__(self, stop: tuple[str, ...] = (), interval: int = 1, min_tokens: int = 0,
+                 include_stop: bool = False) -> None:
         assert interval >= 1, interval
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = stop
@@ -22,6 +23,8 @@ class TextStream:
         # characters before it that a stop string could start in), never from text already emitted.
         self._min_tokens = min_tokens
         self._stop_from = 0
+        self._include_stop = include_stop
+        self.stop_hit: str | None = None  # the stop string that ended the text
         self.interval = interval
         self.decoded = 0  # output tokens whose bytes are in the text
         self.sent_at = 0  # output tokens when text was last taken (0: none yet)
@@ -50,9 +53,10 @@ class TextStream:
         if self._stop and self.decoded >= self._min_tokens:
             if was_short:
                 self._stop_from = max(self._emitted, before - max(map(len, self._stop)) + 1)
-            cut = self._first_stop()
-            if cut is not None:
-                self._text = self._text[:cut]
+            hit = self._first_stop()
+            if hit is not None:
+                cut, self.stop_hit = hit
+                self._text = self._text[: cut + (len(self.stop_hit) if self._include_stop else 0)]
                 return True
         return False
 
@@ -75,12 +79,13 @@ class TextStream:
         self._emitted = max(self._emitted, end)
         return delta
 
-    def _first_stop(self) -> int | None:
+    def _first_stop(self) -> tuple[int, str] | None:
+        """Where the first stop string in the text starts, and which it is (the first listed, of those there)."""
         # A stop string can only complete in the text added since the last emitted character.
         longest = max(map(len, self._stop))
         start = max(self._stop_from, self._emitted - longest + 1)
-        hits = [i for s in self._stop if (i := self._text.find(s, start)) >= 0]
-        return min(hits) if hits else None
+        hits = [(i, s) for s in self._stop if (i := self._text.find(s, start)) >= 0]
+        return min(hits, key=lambda hit: hit[0]) if hits else None
 
     def _held_back(self) -> int:
         """Length of the longest tail of the text that is a proper prefix of some stop string."""

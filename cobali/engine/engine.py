@@ -89,7 +89,7 @@ class Engine:
         request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority,
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
         self.requests[request.id] = request
-        self._texts[request.id] = TextStream(params.stop, stream_interval, params.min_tokens)
+        self._texts[request.id] = TextStream(params.stop, stream_interval, params.min_tokens, params.include_stop_str)
         if on_token is not None:
             self._callbacks[request.id] = on_token
         self._inbox.append(request)
@@ -259,6 +259,9 @@ class Engine:
             self._decode_to(request, stream, len(request.output_tokens) - (reason is FinishReason.STOP))
         delta = stream.close(stopped)
         request.text = stream.text
+        if reason is FinishReason.STOP:  # vLLM's stop_reason: the stop string or stop token id; None: an end token
+            last, ids = request.output_tokens[-1], request.params.stop_token_ids
+            request.stop_reason = stream.stop_hit if stopped else (last if last in ids else None)
         callback = self._callbacks.pop(request.id, None)
         if callback is not None:
             callback(request, delta, len(request.output_tokens))

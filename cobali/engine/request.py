@@ -61,6 +61,7 @@ class Request:
     cached_tokens: int = 0  # prompt tokens its slot got from a cached or running prefix at its (last) admission
     slot: int | None = None
     finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # what ended a STOP other than an end token: a stop string or stop token id
     error: str | None = None
     text: str = ""
     first_scheduled_time: float | None = None

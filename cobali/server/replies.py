@@ -34,7 +34,8 @@ class Kind:
     def choice(self, index: int, text: str, request: EngineRequest, logprobs: dict | None) -> dict:
         reason = finish_reason(request)
         if not self.chat:
-            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason,
+                    "stop_reason": request.stop_reason}
         message: dict = {"role": "assistant", "content": text}
         if self.tool_names:
             content, calls = parse_tool_calls(text, set(self.tool_names))
@@ -42,21 +43,25 @@ class Kind:
                 message = {"role": "assistant", "content": content,
                            "tool_calls": [c.as_openai() for c in calls]}
                 reason = "tool_calls"
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason,
+                "stop_reason": request.stop_reason}
 
     def chunk_choice(self, index: int, text: str, reason: str | None, logprobs: dict | None,
-                     calls: Sequence[ParsedCall] = ()) -> dict:
+                     calls: Sequence[ParsedCall] = (), stop_reason: str | int | None = None) -> dict:
+        """stop_reason (vLLM's): what ended the choice, in its last chunk."""
         if not self.chat:
-            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason,
+                    "stop_reason": stop_reason}
         delta: dict = {"content": text} if text else {}
         if calls:
             delta["tool_calls"] = [c.as_openai(i) for i, c in enumerate(calls)]
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
+                "stop_reason": stop_reason}
 
     def text_chunk_choices(self, index: int, text: str) -> str:
         """JSON of [chunk_choice(index, text, None, None)] for a non-empty text, from a template: most chunks
         are just that, and rendering dicts costs ~40x more (a stream serves every token through here)."""
-        rest = ',"logprobs":null,"finish_reason":null}]'
+        rest = ',"logprobs":null,"finish_reason":null,"stop_reason":null}]'
         if self.chat:
             return f'[{{"index":{index},"delta":{{"content":{json_string(text)}}}{rest}'
         return f'[{{"index":{index},"text":{json_string(text)}{rest}'
@@ -139,7 +144,8 @@ class Reply:
                 text += rest
                 reason = "tool_calls" if calls else reason
         logprobs = self.new_logprobs(delta.index, delta.n_tokens)  # the engine may be tokens ahead by now
-        choice = self.kind.chunk_choice(delta.index, text, reason, logprobs, calls)
+        choice = self.kind.chunk_choice(delta.index, text, reason, logprobs, calls,
+                                        request.stop_reason if delta.finished else None)
         return self.chunk([choice])
 
     def _is_plain(self, delta: Delta) -> bool:

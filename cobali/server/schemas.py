@@ -131,6 +131,7 @@ class GenerationRequest(RequestBody):
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)  # vLLM's extras
     stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    include_stop_str_in_output: bool = False
     priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # lower runs first with `serve --queue priority`
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -186,7 +187,7 @@ class GenerationRequest(RequestBody):
             grammar=self.grammar(),
             logprobs=self.logprob_count(), prompt_logprobs=self.prompt_logprob_count(),
             logit_bias=self.token_biases(limits.n_vocab), stop_token_ids=self.stop_tokens(limits.n_vocab),
-            min_tokens=self.min_tokens,
+            min_tokens=self.min_tokens, include_stop_str=self.include_stop_str_in_output,
         )
 
     def grammar(self) -> str | None:

@@ -1,4 +1,5 @@
-"""vLLM's min_tokens and stop_token_ids, on the fake backend, with both tick loops."""
+"""vLLM's min_tokens, stop_token_ids, include_stop_str_in_output and stop_reason, on the fake backend, with both tick
+loops."""
 
 from __future__ import annotations
 
@@ -83,6 +84,24 @@ def test_stop_strings_count_only_from_min_tokens(engine: Engine) -> None:
     assert whole.text == text[:second]
 
 
+def test_stop_reason_names_what_ended_it_and_the_stop_string_may_stay(engine: Engine) -> None:
+    (free,) = engine.generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True))
+    stop, token = free.text[8:10], free.output_tokens[5]
+    assert free.stop_reason is None
+    deltas: list[str] = []
+    kept = engine.add_request("abc", SamplingParams(max_tokens=30, ignore_eos=True, stop=("zzzz", stop),
+                                                    include_stop_str=True),
+                              on_token=lambda _r, d, _n: deltas.append(d))
+    engine.run_until_done()
+    cut = free.text.index(stop)
+    assert (kept.finish_reason, kept.stop_reason) == (FinishReason.STOP, stop)
+    assert kept.text == free.text[: cut + 2] == "".join(deltas)
+    (by_id,) = engine.generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=(token,)))
+    assert by_id.stop_reason == token
+    stopped = early_stopper(engine)
+    assert (stopped.finish_reason, stopped.stop_reason) == (FinishReason.STOP, None)
+
+
 @pytest.mark.parametrize(("kwargs", "fragment"), [
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens must be in [0, max_tokens = 4]"),
     ({"min_tokens": -1}, "min_tokens"),
@@ -105,6 +124,17 @@ def test_the_server_takes_them_as_vllm_extras() -> None:
                                         extra_body={"ignore_eos": True, "stop_token_ids": [token], "min_tokens": 2})
         assert cut.choices[0].finish_reason == "stop"
         assert free.choices[0].text.startswith(cut.choices[0].text) and len(cut.choices[0].text) <= 5
+        assert cut.choices[0].model_extra["stop_reason"] == token
+        text = free.choices[0].text
+        stop = text[3]
+        kept = client.completions.create(model="fake-model", prompt="abc", max_tokens=12, stop=[stop],
+                                         extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+        assert kept.choices[0].text == text[: text.index(stop) + 1]
+        assert kept.choices[0].model_extra["stop_reason"] == stop
+        chunks = list(client.completions.create(model="fake-model", prompt="abc", max_tokens=12, stream=True,
+                                                stop=[stop], extra_body={"ignore_eos": True}))
+        assert "".join(c.choices[0].text for c in chunks) == text[: text.index(stop)]
+        assert [c.choices[0].model_extra["stop_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [stop]
         for extra, fragment in [({"min_tokens": 5}, "min_tokens must be in [0, max_tokens = 4]"),
                                 ({"stop_token_ids": [10**6]}, "stop_token_ids must be token ids")]:
             with pytest.raises(openai.BadRequestError, match=re.escape(fragment)):
