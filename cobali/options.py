@@ -11,6 +11,7 @@ from cobali.config import EngineSpec
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
 from cobali.engine.queue import QUEUE_ORDERS
+from cobali.engine.spec import SpecConfig
 from cobali.workloads import WorkItem, load_items
 
 
@@ -88,6 +89,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compact-slots", dest="compact_slots", action="store_false",
                         help="leave a gap when a slot between running ones frees (per-sequence KV "
                              "streams: every gap in the running slots costs llama.cpp one more forward pass a tick)")
+    parser.add_argument("--num-speculative-tokens", type=non_negative_int, default=0,
+                        help="speculative decoding by prompt lookup (vLLM's ngram method): up to this many tokens "
+                             "guessed from a greedy request's own context ride behind its decode row, and those the "
+                             "model agrees with are kept; the output is what greedy decoding gives (0 = off)")
+    parser.add_argument("--prompt-lookup-min", type=positive_int, default=2,
+                        help="shortest run of last tokens a guess is looked up by (default %(default)s)")
+    parser.add_argument("--prompt-lookup-max", type=positive_int, default=4,
+                        help="longest run of last tokens a guess is looked up by, tried first (default %(default)s)")
+    parser.add_argument("--speculative-max-batch", type=positive_int, default=1,
+                        help="guess only in ticks with at most this many decoding requests (default 1: on this "
+                             "CPU a guessed row costs what a prompt token does, which pays only for a lone request)")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="plan and fill the next batch while the current decode runs (for a GPU, whose decode "
                              "leaves the host idle; on CPU the host work competes with the kernels). A request "
@@ -108,7 +120,9 @@ def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> Ll
     """llama.cpp's settings from the flags; n_seq_max: sequences to size it for (default --max-slots)."""
     return LlamaCppConfig(model_path=args.model, n_ctx=args.ctx, n_seq_max=n_seq_max or args.max_slots,
                           n_batch=args.n_batch, n_threads=args.threads, kv_unified=args.kv_unified,
-                          n_gpu_layers=args.n_gpu_layers, backend_sampling=args.backend_sampling)
+                          n_gpu_layers=args.n_gpu_layers, backend_sampling=args.backend_sampling,
+                          # calibrate takes no engine flags, and guesses nothing
+                          max_outputs_per_seq=1 + getattr(args, "num_speculative_tokens", 0))
 
 
 def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:
@@ -117,7 +131,9 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
                         queue=args.queue, prefix_cache=args.prefix_cache, host_cache_mib=args.host_cache_mib,
                         compact_slots=args.compact_slots, itl_target_ms=args.itl_target_ms,
                         tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
-                        async_scheduling=args.async_scheduling, **overrides)
+                        async_scheduling=args.async_scheduling, spec=SpecConfig(
+                            args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max,
+                            args.speculative_max_batch), **overrides)
 
 
 def engine_spec(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineSpec:

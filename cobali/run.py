@@ -33,6 +33,9 @@ def run_command(args: argparse.Namespace) -> int:
     result = run_workload(engine, items, args.max_new, args.ignore_eos, trace_steps=args.trace_steps)
     summary = result.summary()
     print(format_summary(summary))
+    if engine.n_draft_tokens:
+        summary |= {"draft_tokens": engine.n_draft_tokens, "accepted_draft_tokens": engine.n_accepted_tokens}
+        print(f"speculative decoding: {engine.n_accepted_tokens} of {engine.n_draft_tokens} guessed tokens kept")
     if args.json_out:
         config = {k: v for k, v in vars(args).items() if k != "func"}
         config["backend"] = asdict(engine.backend.info)

@@ -114,6 +114,8 @@ class BackendInfo:
     prefill_tile: int = 1
     # Host memory one token's KV takes when a sequence is saved (estimated); 0: the backend cannot save KV.
     kv_bytes_per_token: int = 0
+    # Most output rows one sequence may have in a decode (speculative decoding feeds 1 + its guesses); 0: any.
+    max_outputs_per_seq: int = 0
 
 
 @dataclass(frozen=True)

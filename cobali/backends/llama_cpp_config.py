@@ -32,9 +32,14 @@ class LlamaCppConfig:
     # upstream, and llama.cpp's output buffer then holds 3 more n_vocab-wide rows beside each logits row, sized
     # by the most outputs one decode had so far (~38 MB more for SmolLM2 at 64 decode rows).
     backend_sampling: bool = False
+    # Output rows one sequence may have in a decode: 1 + the engine's guessed tokens (speculative decoding).
+    # llama.cpp's backend sampling refuses a decode with more (its default is 1).
+    max_outputs_per_seq: int = 1
     verbose: bool = False
 
     def __post_init__(self) -> None:
+        if self.max_outputs_per_seq < 1:
+            raise ValueError(f"max_outputs_per_seq must be >= 1, got {self.max_outputs_per_seq}")
         if self.n_batch < self.n_seq_max:
             raise ValueError(f"--n-batch ({self.n_batch}) must be >= --max-slots ({self.n_seq_max})")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -10,6 +11,7 @@ from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, BatchArrays
 from cobali.engine.plan import Chunk
 from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.request import Request, RequestState
+from cobali.engine.spec import Verify
 
 
 class PromptLogits(NamedTuple):
@@ -32,57 +34,89 @@ class Filled(NamedTuple):
     out_rows: list[int]
     prompt_logits: tuple[PromptLogits, ...]
     argmax_only: bool  # every sampling row is read for its greedy token only (SamplingParams.needs_only_argmax)
+    verifies: tuple[Verify, ...]  # decode rows followed by guessed tokens (engine/spec.py)
 
 
-def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int, Request], now: float) -> Filled:
-    """Write the plan's rows (Plan.rows) into the backend's batch arrays. Every
+class _Rows(NamedTuple):
+    """A tick's rows as Python lists, before one write per array."""
+
+    tokens: list[int]
+    positions: list[int]
+    seq_ids: list[int]
+    samplers: list[Request]
+    sample_rows: list[int]
+    out_rows: list[int]
+    argmax_rows: list[int]  # the sampling rows read for their greedy token only
+    spans: list[tuple[range, int]]  # other rows read: prompt logprobs' chunks, guesses (WANT_LOGITS or _ARGMAX)
+    prompt_logits: list[PromptLogits]
+    verifies: list[Verify]
+
+
+def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int, Request], now: float,
+               drafts: Mapping[int, tuple[int, ...]]) -> Filled:
+    """Write the plan's rows (Plan.rows, with Plan.drafts) into the backend's batch arrays. Every
     row goes into Python lists first and each array is written once: per-row numpy writes cost more than
     the rows themselves at hundreds of decode rows. A request's first chunk stamps its first scheduling."""
-    tokens: list[int] = []
-    positions: list[int] = []
-    seq_ids: list[int] = []
-    samplers: list[Request] = []
-    sample_rows: list[int] = []
-    out_rows: list[int] = []
-    argmax_rows: list[int] = []  # the sampling rows read for their greedy token only
-    prompt_logits: list[PromptLogits] = []
-    every_row: list[range] = []  # the batch rows of the prompt_logits chunks
-    out = 0  # logits rows so far
     row_requests = [requests[chunk.request_id] for chunk in rows]
+    r = _collect(rows, row_requests, now, drafts)
+    b, n = arrays, len(r.tokens)
+    b.tokens[:n] = r.tokens
+    b.positions[:n] = r.positions
+    b.seq_ids[:n] = r.seq_ids
+    b.want_logits[:n] = 0
+    b.want_logits[r.sample_rows] = WANT_LOGITS
+    b.want_logits[r.argmax_rows] = WANT_ARGMAX
+    for span, want in r.spans:
+        b.want_logits[span.start:span.stop] = want
+    return Filled(n, row_requests, r.samplers, r.sample_rows, r.out_rows, tuple(r.prompt_logits),
+                  len(r.argmax_rows) == len(r.sample_rows) and not r.prompt_logits, tuple(r.verifies))
+
+
+def _collect(rows: tuple[Chunk, ...], row_requests: list[Request], now: float,
+             drafts: Mapping[int, tuple[int, ...]]) -> _Rows:
+    r = _Rows([], [], [], [], [], [], [], [], [], [])
+    tokens, positions, seq_ids, samplers, sample_rows, out_rows, argmax_rows = r[:7]
+    out = 0  # logits rows so far
     for chunk, request in zip(rows, row_requests, strict=True):
-        if chunk.n_tokens == 1 and request.state is RequestState.DECODE:
+        if request.state is RequestState.DECODE:  # a decode row, and maybe guessed tokens behind it
+            row = len(tokens)
             tokens.append(request.output_tokens[-1])
             positions.append(chunk.start)
             seq_ids.append(chunk.slot)
+            samplers.append(request)
+            sample_rows.append(row)
+            out_rows.append(out)
+            argmax = request.params.needs_only_argmax
+            if argmax:
+                argmax_rows.append(row)
             out += 1
-        else:
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
-            if wants_prompt_logits(request, chunk.start):
-                every_row.append(range(len(tokens), len(tokens) + chunk.n_tokens))
-                prompt_logits.append(PromptLogits(request, chunk.start, out, chunk.n_tokens))
-                out += chunk.n_tokens - chunk.yields_token  # the sampling row is counted below
-            tokens += request.tokens_to_feed(chunk.n_tokens)
-            positions += range(chunk.start, chunk.end)
-            seq_ids += [chunk.slot] * chunk.n_tokens
-            out += chunk.yields_token
+            if chunk.n_tokens > 1:  # the guesses are read as the decode row is, and verified after it samples
+                draft = drafts[request.id]
+                r.verifies.append(Verify(request, chunk.slot, draft, out))
+                r.spans.append((range(row + 1, row + chunk.n_tokens), WANT_ARGMAX if argmax else WANT_LOGITS))
+                tokens += draft
+                positions += range(chunk.start + 1, chunk.end)
+                seq_ids += [chunk.slot] * len(draft)
+                out += len(draft)
+            continue
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+        if wants_prompt_logits(request, chunk.start):
+            # Every row's logits, the chunk's sampling row included
+            r.spans.append((range(len(tokens), len(tokens) + chunk.n_tokens), WANT_LOGITS))
+            r.prompt_logits.append(PromptLogits(request, chunk.start, out, chunk.n_tokens))
+            out += chunk.n_tokens - chunk.yields_token  # the sampling row is counted below
+        tokens += request.tokens_to_feed(chunk.n_tokens)
+        positions += range(chunk.start, chunk.end)
+        seq_ids += [chunk.slot] * chunk.n_tokens
+        out += chunk.yields_token
         if chunk.yields_token:
             samplers.append(request)
             sample_rows.append(len(tokens) - 1)
             out_rows.append(out - 1)
             if request.params.needs_only_argmax:
                 argmax_rows.append(len(tokens) - 1)
-    b, n = arrays, len(tokens)
-    b.tokens[:n] = tokens
-    b.positions[:n] = positions
-    b.seq_ids[:n] = seq_ids
-    b.want_logits[:n] = 0
-    b.want_logits[sample_rows] = WANT_LOGITS
-    b.want_logits[argmax_rows] = WANT_ARGMAX
-    for span in every_row:  # prompt logprobs read these rows' logits, the chunk's sampling row included
-        b.want_logits[span.start:span.stop] = WANT_LOGITS
-    return Filled(n, row_requests, samplers, sample_rows, out_rows, tuple(prompt_logits),
-                  len(argmax_rows) == len(sample_rows) and not prompt_logits)
+    return r
 
 
 def record_all_prompt_logprobs(filled: Filled, logits: np.ndarray) -> None:

@@ -49,6 +49,9 @@ class TickTerms:
             if chunk.kind is ChunkKind.DECODE:
                 decode_rows += 1
                 decode_kv += chunk.start
+                if chunk.n_tokens > 1:  # guessed tokens behind the row cost what a prompt chunk's tokens do
+                    prefill += chunk.n_tokens - 1
+                    prefill_kv += (chunk.n_tokens - 1) * (chunk.start + 1)
             else:
                 prefill += chunk.n_tokens
                 prefill_kv += chunk.n_tokens * chunk.start

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from cobali.engine.batch_fill import Filled, fill_batch, record_all_prompt_logpr
 from cobali.engine.budget import tick_budget
 from cobali.engine.costfit import CostCoefficients
 from cobali.engine.detok import TextStream
+from cobali.engine.driving import Driving
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv import SlotPool
 from cobali.engine.kv_tier import KvRunner
@@ -24,6 +25,7 @@ from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, Sampled
 from cobali.engine.sampling import RowSampler, token_logprob
 from cobali.engine.scheduler import Scheduler
+from cobali.engine.spec import Drafted, NgramDrafter, verify
 
 # Called with a request's new text (as it comes, or every stream_interval tokens) and at finish: (request, text
 # delta, the outputs it covers: with async scheduling the request already holds a stand-in for the next one).
@@ -31,7 +33,9 @@ from cobali.engine.scheduler import Scheduler
 TokenCallback = Callable[[Request, str, int], None]
 
 
-class Engine:
+class Engine(Driving):
+    """The tick loop and its requests' lifecycle; Driving adds the blocking run, generate and stream."""
+
     def __init__(self, backend: Backend, config: EngineConfig | None = None,
                  clock: Callable[[], float] = time.perf_counter, costs: CostCoefficients | None = None) -> None:
         """costs: a cost profile that seeds the tick costs an ITL target learns online."""
@@ -40,6 +44,8 @@ class Engine:
         self.config = config = config or EngineConfig()
         if config.n_batch > backend.info.n_batch:
             raise ValueError(f"n_batch {config.n_batch} exceeds the backend's {backend.info.n_batch}")
+        if 0 < (most := backend.info.max_outputs_per_seq) <= (k := config.spec.num_speculative_tokens):
+            raise ValueError(f"{k} speculative tokens need {k + 1} outputs per sequence, the backend takes {most}")
         self.slots = SlotPool(backend.info, config.max_slots, config.prefix_cache, compact=config.compact_slots,
                               host_mib=config.host_cache_mib)
         self.kv_runner = KvRunner(backend)
@@ -47,6 +53,7 @@ class Engine:
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
             budget=tick_budget(config, costs, backend.info.prefill_tile), prefill_tile=backend.info.prefill_tile,
+            drafter=NgramDrafter(config.spec) if config.spec.enabled else None,
         )
         self.sampler = RowSampler(backend, np.flatnonzero(backend.eog_mask()))
         self._eog_ids = frozenset(self.sampler.eog_ids.tolist())
@@ -58,6 +65,7 @@ class Engine:
         self._ids = itertools.count()
         self._texts: dict[int, TextStream] = {}
         self.n_cut = 0  # requests that ended while a decode in flight sampled their next token (async scheduling)
+        self.n_draft_tokens = self.n_accepted_tokens = 0  # guessed tokens fed, and those kept (engine/spec.py)
         self._n_logprobs = 0  # requests taken in and not finished that report sampled tokens' logprobs
         self._callbacks: dict[int, TokenCallback] = {}
         # Other threads hand over work through these; deque append/popleft are atomic.
@@ -126,7 +134,7 @@ class Engine:
         if plan.is_empty:
             self.fail_unrunnable_head(start)
             return None
-        filled = fill_batch(self._batch, plan.rows, self.requests, start)
+        filled = fill_batch(self._batch, plan.rows, self.requests, start, plan.drafts)
         n = filled.n_rows
         n_running, n_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         decode_start = self.clock()
@@ -199,14 +207,23 @@ class Engine:
         if cut_since not in (None, self.n_cut):
             keep = [i for i, request in enumerate(sampled) if not request.is_finished]
             sampled, rows, out_rows = [sampled[i] for i in keep], [rows[i] for i in keep], [out_rows[i] for i in keep]
-        elif filled.argmax_only:  # greedy, no logprobs: one reduction, and nothing per request before the next decode
+        elif filled.argmax_only and not filled.verifies:  # greedy, no logprobs: one reduction, nothing per request
             return Sampled(sampled, self.backend.argmax(logits), {})
-        tokens, failures = self.sampler.sample(logits, sampled, rows, out_rows)
+        best = self.backend.argmax(logits) if filled.verifies else None
+        if best is not None and filled.argmax_only:
+            tokens, failures = best[out_rows].tolist(), {}
+        else:
+            tokens, failures = self.sampler.sample(logits, sampled, rows, out_rows)
         if self._n_logprobs:
             for request, token, out_row in zip(sampled, tokens, out_rows, strict=True):
                 if token is not None and request.params.logprobs is not None:
                     request.logprobs.append(token_logprob(logits[out_row], token, request.params.logprobs))
-        return Sampled(sampled, tokens, failures)
+        if best is None:
+            return Sampled(sampled, tokens, failures)
+        drafted = verify(filled.verifies, sampled, tokens, best, logits)
+        self.n_draft_tokens += sum(len(v.draft) for v in filled.verifies)
+        self.n_accepted_tokens += sum(len(d.tokens) for d in drafted.values())
+        return Sampled(sampled, tokens, failures, drafted=drafted)
 
     def place_tokens(self, sampled: Sampled) -> None:
         """Put the sampled tokens in their requests' outputs (over the stand-ins `advance` left, if any)."""
@@ -221,6 +238,8 @@ class Engine:
                 self.finish(request, FinishReason.ERROR, now, f"sampling failed: {sampled.failures[request.id]}")
             else:
                 self._accept(request, token, count, now)
+                if sampled.drafted and request.id in sampled.drafted:
+                    self._accept_guesses(request, sampled.drafted[request.id], now)
         if self.on_accepted is not None:
             self.on_accepted()
 
@@ -239,6 +258,19 @@ class Engine:
             self.finish(request, reason, now, stopped=hit_stop)
         elif due:  # with no text yet (an end token under ignore_eos, a held-back stop prefix): an empty delta, as vLLM
             callback(request, stream.take(count), count)
+
+    def _accept_guesses(self, request: Request, drafted: Drafted, now: float) -> None:
+        """The tokens a tick's guesses gave, each counted into the KV as it is kept, until the request ends; the
+        cells past the last token kept (wrong guesses, or tokens after the end) leave the KV."""
+        for token, logprob in zip(drafted.tokens, drafted.logprobs, strict=True):
+            if request.is_finished:
+                break
+            request.computed_tokens += 1
+            if logprob is not None:
+                request.logprobs.append(logprob)
+            self._accept(request, token, request.place_token(token), now)
+        if request.computed_tokens < drafted.end:
+            self.backend.remove_seq(drafted.slot, request.computed_tokens, -1)
 
     def _decode_to(self, request: Request, stream: TextStream, end: int) -> bool:
         """Push output tokens up to `end` into the request's text; True when a stop string was hit."""
@@ -265,41 +297,3 @@ class Engine:
         callback = self._callbacks.pop(request.id, None)
         if callback is not None:
             callback(request, delta, len(request.output_tokens))
-
-    # ---- driving ----------------------------------------------------------------------------------
-
-    def run_until_done(self, on_finish: Callable[[Request], None] | None = None) -> None:
-        pending = list(self._inbox) + self.scheduler.running + list(self.scheduler.waiting)
-        while self.has_work:
-            self.step()
-            if on_finish is not None:
-                for request in [r for r in pending if r.is_finished]:
-                    on_finish(request)
-                pending = [r for r in pending if not r.is_finished]
-
-    def generate(self, prompts: Iterable[str | list[int]], params: SamplingParams | None = None) -> list[Request]:
-        """Run prompts to completion. A prompt that cannot run comes back FAILED with its error."""
-        requests = [self.submit(p, params) for p in prompts]
-        self.run_until_done()
-        return requests
-
-    def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
-               arrival_time: float | None = None) -> Request:
-        """Like add_request, but a prompt that cannot run becomes a FAILED request instead of raising."""
-        try:
-            return self.add_request(prompt, params, arrival_time=arrival_time)
-        except ValueError as err:
-            request = Request(next(self._ids), [], params or SamplingParams())
-            request.finish(FinishReason.ERROR, self.clock(), str(err))
-            return request
-
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
-        """Generate one prompt on the caller's thread, yielding text as it is produced."""
-        deltas: deque[str] = deque()
-        request = self.add_request(prompt, params, on_token=lambda _r, d, _n: deltas.append(d))
-        while deltas or not request.is_finished:
-            if not deltas:
-                self.step()
-            elif delta := deltas.popleft():
-                yield delta
-

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cobali.engine.budget import check_budget_settings
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.queue import WaitQueue
+from cobali.engine.spec import SpecConfig
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class EngineConfig:
     # Plan and fill tick t+1 while tick t's decode runs (engine/overlap.py). For a backend whose decode leaves
     # the host's cores idle (a GPU); on a CPU backend the host work would compete with the kernels' threads.
     async_scheduling: bool = False
+    spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding by prompt lookup (off by default)
 
     def __post_init__(self) -> None:
         admission_for_mode(self.mode, self.prefill_chunk_tokens)
@@ -47,3 +49,8 @@ class EngineConfig:
         if self.max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {self.max_slots}")
         check_budget_settings(self)
+        if self.spec.enabled and self.async_scheduling:
+            # The next tick is planned before this one's guesses are checked: it would not know where each
+            # request's KV ends.
+            raise ValueError("speculative decoding (num_speculative_tokens > 0) cannot be combined with "
+                             "async scheduling")

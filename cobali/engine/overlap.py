@@ -167,7 +167,7 @@ class Pipeline:
             return None, plan.kv_ops
         self._fills += 1  # alternate: the batch filled last may be the one decoding now
         arrays = self._buffers[self._fills % 2]
-        filled = fill_batch(arrays, plan.rows, engine.requests, start)
+        filled = fill_batch(arrays, plan.rows, engine.requests, start, plan.drafts)
         feed_rows = np.flatnonzero(arrays.tokens[: filled.n_rows] == PENDING_TOKEN)
         feed_slots = arrays.seq_ids[feed_rows]
         feed_src = None

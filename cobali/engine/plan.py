@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import enum
 import itertools
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
@@ -98,6 +99,8 @@ class Plan:
     wasted_slots: int = 0  # free slots the admission policy kept from waiting requests this tick
     preempted: tuple[int, ...] = ()
     kv_ops: tuple[KvOp, ...] = ()  # run in order before the batch: slots released, reused, handed out
+    # Tokens guessed behind decode rows (engine/spec.py), by request id: such a decode chunk has 1 + len rows.
+    drafts: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     @cached_property
     def rows(self) -> tuple[Chunk, ...]:
@@ -120,6 +123,10 @@ class Plan:
     @property
     def n_decode(self) -> int:
         return sum(c.kind is ChunkKind.DECODE for c in self.chunks)
+
+    @property
+    def n_draft_tokens(self) -> int:
+        return sum(map(len, self.drafts.values()))
 
     @property
     def n_prefill_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -154,6 +155,15 @@ class Request:
         self.finish_time = now
 
 
+class Drafted(NamedTuple):
+    """What a tick's guesses gave one request, beyond the token its decode row sampled."""
+
+    slot: int
+    end: int  # positions its rows wrote into the KV: a guessed row found wrong leaves a cell to trim
+    tokens: list[int]  # the greedy tokens at the guessed rows while the guesses held
+    logprobs: list[TokenLogprob | None]
+
+
 @dataclass
 class Sampled:
     """One decode's samples, a token per request in output order: None where its sampler failed. A steady
@@ -164,3 +174,4 @@ class Sampled:
     tokens: list[int | None] | np.ndarray
     failures: dict[int, str]  # the failed ones' messages, by request id
     counts: list[int] = field(default_factory=list)  # each request's outputs up to its token, once placed
+    drafted: dict[int, Drafted] = field(default_factory=dict)  # what guessed tokens gave, by request id

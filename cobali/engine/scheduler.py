@@ -18,6 +18,7 @@ from cobali.engine.plan import Chunk, Plan
 from cobali.engine.policies import AdmissionPolicy, BatchPolicy, DecodeMax, KvPolicy, ReserveKv
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
+from cobali.engine.spec import Drafter
 from cobali.engine.tick import TickBuilder, TickQueues
 
 log = logging.getLogger("cobali.scheduler")
@@ -28,7 +29,8 @@ BACKOFF_WINDOW_TICKS = 64
 class Scheduler:
     def __init__(self, slots: SlotPool, admission: AdmissionPolicy, n_batch: int,
                  batch: BatchPolicy | None = None, kv: KvPolicy | None = None,
-                 queue: WaitQueue | None = None, budget: TickBudget | None = None, prefill_tile: int = 1) -> None:
+                 queue: WaitQueue | None = None, budget: TickBudget | None = None, prefill_tile: int = 1,
+                 drafter: Drafter | None = None) -> None:
         if n_batch < slots.max_slots:
             raise ValueError(f"n_batch ({n_batch}) must be >= max_slots ({slots.max_slots}) so decodes fit")
         self.slots = slots
@@ -40,6 +42,7 @@ class Scheduler:
         # Not `queue or ...`: an empty WaitQueue is falsy, and the configured order would be dropped.
         self.waiting = queue if queue is not None else WaitQueue()
         self.budget = budget or FixedBudget(n_batch)
+        self.drafter = drafter  # guesses tokens for greedy decodes (engine/spec.py); None: no speculation
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self._queues = TickQueues(slots, self.waiting, self.running, admission, n_batch, prefill_tile)
         self.tick = 0
@@ -56,6 +59,8 @@ class Scheduler:
             self.waiting.remove(request)
         if request in self.running:
             self.running.remove(request)
+        if self.drafter is not None:
+            self.drafter.forget(request.id)
         if request.slot is not None:
             kv_tokens = request.all_tokens[: request.computed_tokens] if keep_kv else None
             self.slots.release(request.slot, kv_tokens)
@@ -161,6 +166,7 @@ class Scheduler:
         tick = TickBuilder(self._queues, self.tick, budget, generating, prefilling, may_admit=not preempted,
                            fit_policy=fit_policy)
         self.batch.compose(tick)
+        drafts = tick.add_drafts(self.drafter) if self.drafter is not None else {}
         if self.slots.may_have_gap:
             self._compact(tick.chunks)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
@@ -169,4 +175,4 @@ class Scheduler:
         assert tick.chunks or all(r.state is RequestState.DECODE and not self._generates_more(r)
                                   for r in self.running), "running requests but an empty plan: the engine would spin"
         return Plan(self.tick, tuple(tick.chunks), tuple(tick.admitted), wasted, tuple(preempted),
-                    kv_ops=self.slots.take_kv_ops())
+                    kv_ops=self.slots.take_kv_ops(), drafts=drafts)

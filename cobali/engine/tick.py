@@ -12,6 +12,7 @@ from cobali.engine.plan import Chunk, ChunkKind
 from cobali.engine.policies import AdmissionPolicy, KvPolicy
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
+from cobali.engine.spec import Drafter, can_speculate
 
 
 def _first_tokens(request: Request, n: int) -> list[int]:
@@ -90,6 +91,32 @@ class TickBuilder:
         self.chunks += [new(Chunk, (r.id, r.slot, kind, r.computed_tokens, 1, r.computed_tokens + 1, True))
                         for r in decoding]
         self.budget -= len(decoding)
+
+    def add_drafts(self, drafter: Drafter) -> dict[int, tuple[int, ...]]:
+        """Guessed tokens behind decode rows (engine/spec.py), in the budget and batch rows the decodes and
+        prefills left: a wrong guess then costs a row no prompt was waiting for. Never past max_tokens, nor
+        past the KV the request holds. Returns the guesses by request id."""
+        room = min(self.budget, self.queues.n_batch - sum(c.n_tokens for c in self.chunks))
+        drafts: dict[int, tuple[int, ...]] = {}
+        if room <= 0 or len(self.decoding) > drafter.max_batch:
+            return drafts
+        held = self.queues.slots.accountant.held_tokens
+        decoding = {r.id: r for r in self.decoding if can_speculate(r.params)}
+        for i, chunk in enumerate(self.chunks):
+            request = decoding.get(chunk.request_id)
+            if request is None or chunk.kind is not ChunkKind.DECODE:
+                continue
+            limit = min(room, request.params.max_tokens - len(request.output_tokens) - 1,
+                        held(chunk.slot) - chunk.end)
+            draft = drafter.propose(request, limit)
+            if draft:
+                self.chunks[i] = chunk._replace(n_tokens=1 + len(draft), context_tokens=chunk.end + len(draft))
+                drafts[request.id] = draft
+                room -= len(draft)
+                self.budget -= len(draft)
+                if room <= 0:
+                    break
+        return drafts
 
     def add_prefills(self) -> None:
         q = self.queues

@@ -74,6 +74,10 @@ class ServerMetrics:
                                   lambda: slots.hit_tokens),
             "prefix_cache_host_hits": ("Of those, the tokens restored from host memory (--host-cache-mib).",
                                        lambda: slots.host.hit_tokens if slots.host is not None else 0),
+            "spec_decode_num_draft_tokens": ("Tokens guessed by prompt lookup and fed behind decode rows "
+                                             "(--num-speculative-tokens).", lambda: engine.n_draft_tokens),
+            "spec_decode_num_accepted_tokens": ("Of those, the tokens the model agreed with, kept.",
+                                                lambda: engine.n_accepted_tokens),
         }))
         self.running.set_function(lambda: len(scheduler.running))
         self.waiting.set_function(lambda: len(scheduler.waiting))

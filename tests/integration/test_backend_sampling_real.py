@@ -12,6 +12,7 @@ from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.spec import SpecConfig
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,", "def fibonacci(n):"]
 
@@ -81,3 +82,25 @@ def test_engine_mixes_picked_and_host_rows(backend) -> None:
     assert sum(checked) >= 3 * 6, f"too few picked rows checked against the host: {checked}"
     for token, logprob in zip(with_logprobs.output_tokens, with_logprobs.logprobs, strict=True):
         assert logprob.token == token and logprob.top[0][0] == token  # greedy: its own logits' argmax
+
+
+def test_guessed_rows_are_picked_in_the_graph(model_path: str) -> None:
+    """Speculative decoding: a decode row and the guesses behind it, all of one sequence, picked in the graph
+    (llama.cpp refuses more picked outputs per sequence than the context was made for)."""
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=1, n_batch=64, n_threads=1,
+                                             backend_sampling=True, max_outputs_per_seq=4))
+    picked, inner_argmax = [], backend.argmax
+
+    def counting_argmax(logits: np.ndarray) -> np.ndarray:
+        best = inner_argmax(logits)
+        picked.append(len(backend.device_greedy.picked_out_rows))
+        return best
+
+    backend.argmax = counting_argmax
+    try:
+        engine = Engine(backend, EngineConfig(max_slots=1, n_batch=64, spec=SpecConfig(3)))
+        (request,) = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=24, ignore_eos=True))
+    finally:
+        backend.close()
+    assert request.error is None and len(request.output_tokens) == 24
+    assert engine.n_accepted_tokens > 0 and max(picked) > 1

@@ -43,6 +43,8 @@ class LlamaCppBackend:
             description=self._describe(options),
             prefill_tile=PREFILL_TILE,
             kv_bytes_per_token=self._kv_bytes_per_token(),
+            # llama.cpp counts the outputs of sequences it samples itself only
+            max_outputs_per_seq=options.max_outputs_per_seq if options.backend_sampling else 0,
         )
         self._batch = OwnedBatch(self.info.n_batch)
         self.device_greedy = DeviceGreedy(self.ctx, self.info.n_seq_max) if options.backend_sampling else None
@@ -70,6 +72,7 @@ class LlamaCppBackend:
         params.n_seq_max = options.n_seq_max
         params.n_threads = params.n_threads_batch = threads
         params.kv_unified = options.kv_unified
+        params.n_outputs_max_per_seq = options.max_outputs_per_seq
         params.no_perf = True
         ctx = ll.llama_init_from_model(self.model, params)
         if not ctx:
