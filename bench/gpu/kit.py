@@ -4,7 +4,8 @@ sets that up and calls this). Every step writes into --out; the last writes summ
 1. a dummy-weight model of the paper's shape (`cobali synth-model`);
 2. the paper's Table 2: seq / static / cont-split512/256/128 on prompts_186 with 16 slots (ignore_eos), and
    cont-split512 with async scheduling;
-3. cont-split512 again with other flags (fewer llama.cpp threads, a unified KV, 64 slots, backend sampling),
+3. cont-split512 again with other flags (fewer llama.cpp threads, a unified KV, 64 slots, backend sampling,
+   speculative decoding by prompt lookup at 16 slots and at 1: against the seq row),
    decode-only runs with the argmax timed apart, and `cobali calibrate`: the questions the first GPU run left open;
 4. llama-batched-bench's decode ceiling at B = 1, 16, 64;
 5. cobali serve (with and without --async-scheduling) vs llama-server -np 16 (without and with its backend
@@ -34,7 +35,11 @@ from soak import started_process  # noqa: E402  (a sibling script: one way to st
 
 TABLE2 = "seq,static,cont-split512,cont-split256,cont-split128,cont-split512-async"
 VARIANTS = {"threads1": ["--threads", "1"], "threads4": ["--threads", "4"], "kv-unified": ["--kv-unified"],
-            "slots64": ["--max-slots", "64"], "slots64-backend-sampling": ["--max-slots", "64", "--backend-sampling"]}
+            "slots64": ["--max-slots", "64"], "slots64-backend-sampling": ["--max-slots", "64", "--backend-sampling"],
+            # Speculative decoding by prompt lookup: guessed rows ride the decode's weight read on a GPU, where on
+            # the 2-core CPU each costs what a prompt token does (only a lone request gained there, ~10 %).
+            "spec3": ["--num-speculative-tokens", "3", "--speculative-max-batch", "64"],
+            "spec3-slots1": ["--max-slots", "1", "--num-speculative-tokens", "3"]}
 RESUME = 75  # run.sh's "send the same command again" status
 
 

@@ -78,7 +78,8 @@ class _Index:
 
 class NgramDrafter:
     """Guesses continuations from each request's own tokens. Keeps an index per request, grown by the tokens
-    added since the last guess (a dict per request: O(1) a token, not a scan of the context every tick)."""
+    added since the last guess (a dict per request: O(1) a token, not a scan of the context every tick; the
+    prompt is indexed at the first guess, ~1 us a token)."""
 
     def __init__(self, config: SpecConfig) -> None:
         assert config.enabled
@@ -91,28 +92,36 @@ class NgramDrafter:
         limit = min(limit, self.config.num_speculative_tokens)
         if limit <= 0:
             return ()
-        tokens = request.all_tokens
         index = self._indexes.get(request.id)
         if index is None:
             index = self._indexes[request.id] = _Index()
-        self._extend(index, tokens)
-        end = len(tokens)
+        prompt, outputs = request.prompt_tokens, request.output_tokens
+        end = len(prompt) + len(outputs)
+        self._extend(index, prompt, outputs, end)
         for n in range(min(self.config.prompt_lookup_max, end - 1), self.config.prompt_lookup_min - 1, -1):
-            follower = index.table.get(tuple(tokens[end - n:]))
+            follower = index.table.get(tuple(_span(prompt, outputs, end - n, end)))
             if follower is not None:
-                return tuple(tokens[follower:follower + limit])
+                return tuple(_span(prompt, outputs, follower, min(follower + limit, end)))
         return ()
 
-    def _extend(self, index: _Index, tokens: list[int]) -> None:
+    def _extend(self, index: _Index, prompt: list[int], outputs: list[int], end: int) -> None:
         """Map the n-grams that end before each new token (not the last one's: nothing follows it yet) to it."""
         table, low, high = index.table, self.config.prompt_lookup_min, self.config.prompt_lookup_max
-        for t in range(max(index.n_indexed, low), len(tokens)):
+        for t in range(max(index.n_indexed, low), end):
             for n in range(low, min(high, t) + 1):
-                table[tuple(tokens[t - n:t])] = t
-        index.n_indexed = len(tokens)
+                table[tuple(_span(prompt, outputs, t - n, t))] = t
+        index.n_indexed = end
 
     def forget(self, request_id: int) -> None:
         self._indexes.pop(request_id, None)
+
+
+def _span(prompt: list[int], outputs: list[int], start: int, stop: int) -> list[int]:
+    """Tokens [start, stop) of prompt + outputs, without joining the two (a copy of the context a tick)."""
+    n = len(prompt)
+    if start >= n:
+        return outputs[start - n:stop - n]
+    return prompt[start:stop] if stop <= n else prompt[start:] + outputs[:stop - n]
 
 
 class Verify(NamedTuple):
