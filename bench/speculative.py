@@ -4,7 +4,8 @@
 
 1. Row costs: one sequence at --position, a decode of 1, 2, ... K+1 rows (a decode row and K guesses), the
    median of --repeat decodes each. A guess pays when it is kept often enough to save what a decode costs.
-2. Runs: the workload's first --num-prompts requests through one engine of --slots slots, greedy with
+2. Runs: the workload's first --num-prompts requests through one engine of --slots slots (guessing in ticks
+   with at most --max-batch decoding requests), greedy with
    ignore_eos, once per K in --k (0: no speculation), in turn for --rounds rounds (the VM drifts: compare
    within a round). Prints wall, TPOT p50 and the share of guesses kept.
 """
@@ -52,8 +53,9 @@ def decode(backend: LlamaCppBackend, tokens: list[int], start: int, last_only: b
                    np.zeros(n, dtype=np.int32), want)
 
 
-def run(backend: LlamaCppBackend, items: list, slots: int, k: int) -> dict:
-    engine = Engine(backend, EngineConfig(max_slots=slots, spec=SpecConfig(k), prefix_cache=False))
+def run(backend: LlamaCppBackend, items: list, slots: int, k: int, max_batch: int) -> dict:
+    engine = Engine(backend, EngineConfig(max_slots=slots, spec=SpecConfig(k, max_batch=max_batch),
+                                          prefix_cache=False))
     start = time.perf_counter()
     requests = [engine.add_request(item.prompt, SamplingParams(max_tokens=item.max_tokens or 64, ignore_eos=True))
                 for item in items]
@@ -72,6 +74,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--k", default="0,2,3", help="speculative tokens per run, comma-separated (0: none)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-batch", type=int, default=1, help="guess only in ticks with at most this many "
+                        "decoding requests (--speculative-max-batch)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--position", type=int, default=300, help="row costs: tokens already in the sequence")
     parser.add_argument("--repeat", type=int, default=40, help="row costs: decodes per row count")
@@ -87,7 +91,7 @@ def main() -> None:
         print(f"{'round':>5} {'K':>3} {'wall s':>8} {'TPOT p50 ms':>12} {'kept':>6}")
         for round_ in range(1, args.rounds + 1):
             for k in ks:
-                r = run(backend, items, args.slots, k)
+                r = run(backend, items, args.slots, k, args.max_batch)
                 kept = f"{r['kept']:.0%}" if r["kept"] is not None else "-"
                 print(f"{round_:>5} {k:>3} {r['wall_s']:>8.2f} {r['tpot_p50_ms']:>12.2f} {kept:>6}", flush=True)
     finally:
