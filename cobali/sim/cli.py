@@ -60,6 +60,9 @@ def sim_spec(args: argparse.Namespace) -> SimSpec:
     if args.async_scheduling:
         raise ValueError("--async-scheduling: the simulator's virtual clock runs one tick at a time; "
                          "simulate without it")
+    if args.num_speculative_tokens:
+        raise ValueError(f"--num-speculative-tokens {args.num_speculative_tokens}: the simulator's tokens are no "
+                         "language, so it would price guessed rows that are never kept; simulate without it")
     llama = backend_config(args)  # the simulated KV is sized as llama.cpp's would be
     n_ctx = llama.total_cells()
     n_ctx_seq = n_ctx if llama.kv_unified else n_ctx // llama.n_seq_max

@@ -17,6 +17,7 @@ from cobali import cli, options
     (["calibrate", "--text-sample", "no_such_scenario"], "--text-sample 'no_such_scenario': no such file"),
     (["simulate", "--prompts", "short_burst", "--chars-per-token", "0"], "--chars-per-token: expected a number > 0"),
     (["simulate", "--prompts", "short_burst", "--async-scheduling"], "--async-scheduling: the simulator's virtual"),
+    (["simulate", "--prompts", "short_burst", "--num-speculative-tokens", "2"], "--num-speculative-tokens 2: the "),
     (["bench", "--configs", "seq,warp", "--prompts", "short_burst"], "unknown config 'warp'"),
     (["bench", "fidelity", "--prompts", "short_burst", "--epsilon", "0"], "--epsilon: expected a number > 0, got 0"),
     (["bench", "fidelity", "--prompts", "no_such_scenario"], "--prompts 'no_such_scenario': no such file"),
