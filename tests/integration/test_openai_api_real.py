@@ -223,3 +223,20 @@ def test_min_tokens_masks_the_end_token_in_llama_cpps_logits(client: OpenAI) -> 
     longer = client.chat.completions.create(model="smol", messages=messages, **sampling, extra_body={"min_tokens": 6})
     assert longer.choices[0].finish_reason == "stop" and longer.usage.completion_tokens > 6
     assert longer.choices[0].message.content
+
+
+def test_speculative_decoding_through_the_server() -> None:
+    """`cobali serve --num-speculative-tokens 3`: a greedy completion streamed and not streamed gives the same
+    text (one configuration, one machine), as long as asked, and /metrics counts the guesses the model kept."""
+    with running_server("--max-slots", "1", "--served-model-name", "smol", "--num-speculative-tokens", "3") as (
+            base, _proc):
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        ask = {"model": "smol", "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9,", "max_tokens": 24, "temperature": 0,
+               "extra_body": {"ignore_eos": True}}
+        whole = client.completions.create(**ask)
+        streamed = "".join(c.choices[0].text for c in client.completions.create(**ask, stream=True) if c.choices)
+        metrics = httpx.get(f"{base}/metrics").text
+    assert whole.usage.completion_tokens == 24 and whole.choices[0].finish_reason == "length"
+    assert streamed == whole.choices[0].text
+    name = "cobali:spec_decode_num_accepted_tokens_total"
+    assert float(next(line for line in metrics.splitlines() if line.startswith(name)).split()[-1]) > 0
