@@ -166,7 +166,7 @@ class Scheduler:
         tick = TickBuilder(self._queues, self.tick, budget, generating, prefilling, may_admit=not preempted,
                            fit_policy=fit_policy)
         self.batch.compose(tick)
-        drafts = tick.add_drafts(self.drafter) if self.drafter is not None else {}
+        drafts = tick.add_drafts(self.drafter, not self.accountant.unified) if self.drafter is not None else {}
         if self.slots.may_have_gap:
             self._compact(tick.chunks)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left

@@ -92,30 +92,36 @@ class TickBuilder:
                         for r in decoding]
         self.budget -= len(decoding)
 
-    def add_drafts(self, drafter: Drafter) -> dict[int, tuple[int, ...]]:
+    def add_drafts(self, drafter: Drafter, equal_lengths: bool) -> dict[int, tuple[int, ...]]:
         """Guessed tokens behind decode rows (engine/spec.py), in the budget and batch rows the decodes and
         prefills left: a wrong guess then costs a row no prompt was waiting for. Never past max_tokens, nor
-        past the KV the request holds. Returns the guesses by request id."""
+        past the KV the request holds. equal_lengths (per-sequence KV streams): every guess cut to the
+        shortest, as llama.cpp runs one more forward pass for each distinct row count among the sequences of
+        a batch. Returns the guesses by request id."""
         room = min(self.budget, self.queues.n_batch - sum(c.n_tokens for c in self.chunks))
         drafts: dict[int, tuple[int, ...]] = {}
         if room <= 0 or len(self.decoding) > drafter.max_batch:
             return drafts
         held = self.queues.slots.accountant.held_tokens
         decoding = {r.id: r for r in self.decoding if can_speculate(r.params)}
-        for i, chunk in enumerate(self.chunks):
+        for chunk in self.chunks:
             request = decoding.get(chunk.request_id)
             if request is None or chunk.kind is not ChunkKind.DECODE:
                 continue
             limit = min(room, request.params.max_tokens - len(request.output_tokens) - 1,
                         held(chunk.slot) - chunk.end)
-            draft = drafter.propose(request, limit)
-            if draft:
-                self.chunks[i] = chunk._replace(n_tokens=1 + len(draft), context_tokens=chunk.end + len(draft))
+            if draft := drafter.propose(request, limit):
                 drafts[request.id] = draft
                 room -= len(draft)
-                self.budget -= len(draft)
                 if room <= 0:
                     break
+        if equal_lengths and drafts:
+            shortest = min(map(len, drafts.values()))
+            drafts = {request_id: draft[:shortest] for request_id, draft in drafts.items()}
+        for i, chunk in enumerate(self.chunks):
+            if chunk.kind is ChunkKind.DECODE and (draft := drafts.get(chunk.request_id)):
+                self.chunks[i] = chunk._replace(n_tokens=1 + len(draft), context_tokens=chunk.end + len(draft))
+        self.budget -= sum(map(len, drafts.values()))
         return drafts
 
     def add_prefills(self) -> None:

@@ -244,3 +244,23 @@ def test_an_engine_refuses_more_guesses_than_its_backend_reads_per_sequence() ->
     Engine(backend, EngineConfig(max_slots=1, spec=SpecConfig(2)))
     with pytest.raises(ValueError, match="3 speculative tokens need 4 outputs per sequence, the backend takes 3"):
         Engine(backend, EngineConfig(max_slots=1, spec=SpecConfig(3)))
+
+
+class VaryingOracle(Oracle):
+    """Guesses 1 to 4 tokens, by request."""
+
+    def propose(self, request: Request, limit: int) -> tuple[int, ...]:
+        return super().propose(request, min(limit, 1 + request.id % 4))
+
+
+@pytest.mark.parametrize("kv_unified", [False, True])
+def test_per_sequence_streams_get_guesses_of_one_length(kv_unified: bool) -> None:
+    """llama.cpp splits a batch over per-sequence KV streams into micro-batches that take as many rows from
+    each sequence: guesses of different lengths would cost a forward pass each. A unified KV has no such split."""
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    ref = reference(params)
+    backend = FakeBackend(n_seq_max=4, kv_unified=kv_unified, n_ctx_seq=4096 if not kv_unified else 16384)
+    out, engine = run(params, SpecConfig(4), VaryingOracle([r.output_tokens for r in ref]), backend=backend)
+    assert [r.output_tokens for r in out] == [r.output_tokens for r in ref]
+    lengths = [{len(d) for d in t.plan.drafts.values()} for t in engine.ticks if t.plan.drafts]
+    assert lengths and (max(map(len, lengths)) == 1) is not kv_unified
