@@ -8,8 +8,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from cobali.backends.base import MAX_LOGPROBS
+from cobali.server.bodies import Body, one_of
 from cobali.server.grammar import check_json_schema, tool_call_grammar
-from cobali.server.schemas import Body, GenerationRequest, one_of
+from cobali.server.schemas import GenerationRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -140,10 +141,10 @@ class ChatCompletionRequest(GenerationRequest):
             return [t for t in self.active_tools if t.function.name == self.tool_choice.function.name]
         return self.active_tools if self.tool_choice == "required" else []
 
-    def grammar(self) -> str | None:
+    def sampling_grammar(self) -> str | None:
         forced = self.forced_tools()
         if not forced:
-            return super().grammar()
+            return super().sampling_grammar()
         return tool_call_grammar([(t.function.name, t.function.parameters) for t in forced],
                                  self.parallel_tool_calls)
 

@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
 from cobali.engine.engine import Engine
+from cobali.server.bodies import RequestBody, one_of, text_batch
 from cobali.server.errors import bad_request
 from cobali.server.openai_routes import served_engine
-from cobali.server.schemas import RequestBody, one_of, text_batch
 from cobali.server.state import ServerContext
 from cobali.server.unknown_fields import ignored_fields_headers
 

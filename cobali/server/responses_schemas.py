@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from cobali.server.bodies import Body, RequestBody, one_of
 from cobali.server.chat_schemas import ROLES, ChatCompletionRequest
-from cobali.server.schemas import Body, RequestBody, one_of
 
 
 class InputText(Body):

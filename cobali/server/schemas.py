@@ -11,19 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidatorFunctionWrapHandler,
-    WrapValidator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import ConfigDict, Field, model_validator
 
 from cobali.backends.base import MAX_LOGPROBS, SamplingParams
+from cobali.server.bodies import Body, one_of, text_batch
 from cobali.server.grammar import JSON_OBJECT_GRAMMAR, check_json_schema, json_schema_grammar
+from cobali.server.structured import StructuredRequest
 
 # Choices per HTTP request (prompts x n): each is an engine request holding a slot, and one client should
 # not be able to fill the whole queue.
@@ -32,47 +25,12 @@ MAX_STOP_STRINGS = 16
 C_INT_MAX = 2**31 - 1  # top_k reaches llama.cpp as a C int: a larger value would crash the engine thread
 
 
-def one_of(expected: str) -> WrapValidator:
-    """One clear error for a union, instead of pydantic's one per member (loc 'prompt.str', ...)."""
-
-    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        try:
-            return handler(value)
-        except ValidationError:
-            raise PydanticCustomError("invalid_type", "expected {expected}", {"expected": expected}) from None
-
-    return WrapValidator(validate)
-
-
-def text_batch(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
-    """A batch of texts as OpenAI sends it (`prompt`, `input`): a string, token ids, or a list of either."""
-    if isinstance(value, str):
-        return [value]
-    if value and isinstance(value[0], int):
-        return [list(value)]  # type: ignore[arg-type]
-    return list(value)  # type: ignore[arg-type]
-
-
 @dataclass(frozen=True)
 class ModelLimits:
     """What a request is checked against once the model is loaded."""
 
     n_ctx_seq: int  # context tokens one request may use
     n_vocab: int
-
-
-class Body(BaseModel):
-    # allow_inf_nan: Python's json accepts the NaN / Infinity literals; say so instead of a misleading range error.
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
-
-class RequestBody(Body):
-    """A request body: unknown fields are kept aside (model_extra) to be reported, not dropped unseen."""
-
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
-
-    def ignored_fields(self) -> list[str]:
-        return sorted(self.model_extra or ())
 
 
 class StreamOptions(Body):
@@ -110,8 +68,8 @@ class ResponseFormat(Body):
         return None
 
 
-class GenerationRequest(RequestBody):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+class GenerationRequest(StructuredRequest):
+    """Fields shared by /v1/completions and /v1/chat/completions (with StructuredRequest's)."""
 
     default_max_tokens: ClassVar[int | None] = 16  # None: up to the end of the context
     unsupported: ClassVar[tuple[str, ...]] = ()  # fields that must stay unset (None or False)
@@ -184,14 +142,14 @@ class GenerationRequest(RequestBody):
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             seed=None if self.seed is None else (self.seed + copy) % 2**32, stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
-            grammar=self.grammar(),
+            grammar=self.sampling_grammar(),
             logprobs=self.logprob_count(), prompt_logprobs=self.prompt_logprob_count(),
             logit_bias=self.token_biases(limits.n_vocab), stop_token_ids=self.stop_tokens(limits.n_vocab),
             min_tokens=self.min_tokens, include_stop_str=self.include_stop_str_in_output,
         )
 
-    def grammar(self) -> str | None:
-        return self.response_format.grammar() if self.response_format else None
+    def sampling_grammar(self) -> str | None:
+        return self.structured_grammar(self.response_format.grammar() if self.response_format else None)
 
     def token_biases(self, n_vocab: int) -> tuple[tuple[int, float], ...]:
         biases = tuple((int(key), value) for key, value in (self.logit_bias or {}).items())

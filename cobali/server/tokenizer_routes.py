@@ -13,11 +13,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
+from cobali.server.bodies import RequestBody
 from cobali.server.chat import chat_prompt_text
 from cobali.server.chat_schemas import ChatMessage, Tool
 from cobali.server.errors import bad_request
 from cobali.server.openai_routes import detokenize, served_engine
-from cobali.server.schemas import RequestBody
 from cobali.server.unknown_fields import ignored_fields_headers
 
 router = APIRouter()

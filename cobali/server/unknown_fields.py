@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from cobali.server.schemas import RequestBody
+from cobali.server.bodies import RequestBody
 
 IGNORED_FIELDS_HEADER = "X-Cobali-Ignored-Fields"
 

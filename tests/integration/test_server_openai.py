@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from openai import OpenAI
 
@@ -142,6 +143,30 @@ def test_llama_cpp_accepts_the_generated_grammars(server: str, schema: dict) -> 
     response = httpx.post(f"{server}/v1/completions", json={"prompt": "[", "max_tokens": 2,
                                                            "response_format": response_format}, timeout=60)
     assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("extra", [
+    {"guided_choice": ["positive", "negative", "neutral"]},
+    {"structured_outputs": {"choice": ["positive", "negative", "neutral"]}},
+    {"grammar": 'root ::= "positive" | "negative" | "neutral"'},
+], ids=["vllm-guided", "vllm-structured", "llama-server"])
+def test_a_choice_constrains_the_answer(client: OpenAI, extra: dict) -> None:
+    reply = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Is 'I love this film' positive or negative?"}],
+        max_tokens=8, temperature=0.7, seed=3, extra_body=extra)
+    assert reply.choices[0].message.content in ("positive", "negative", "neutral")
+
+
+def test_llama_server_json_schema_field(client: OpenAI) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    reply = client.completions.create(model="smol", prompt="JSON:", max_tokens=16, temperature=0,
+                                      extra_body={"json_schema": schema})
+    assert isinstance(json.loads(reply.choices[0].text)["ok"], bool)
+
+
+def test_a_grammar_llama_cpp_cannot_parse_is_a_400(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="smol", prompt="x", max_tokens=2, extra_body={"guided_grammar": "root ::= ("})
 
 
 def max_batch_seen(server: str) -> bool:

@@ -140,7 +140,7 @@ BOOK = {"type": "function", "function": {"name": "book_table", "parameters": {"t
 def test_a_forced_tool_choice_constrains_generation_by_grammar(tool_choice, names: set[str] | None) -> None:
     """The fake backend ignores grammars: the real model's test checks the calls they produce."""
     grammar = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=[WEATHER, BOOK],
-                                    tool_choice=tool_choice).grammar()
+                                    tool_choice=tool_choice).sampling_grammar()
     if names is None:
         assert grammar is None
     else:

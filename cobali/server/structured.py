@@ -1,0 +1,133 @@
+"""Structured outputs as vLLM and llama-server spell them, beside OpenAI's response_format.
+
+- vLLM: `structured_outputs` with one of `choice`, `json`, `grammar`, `json_object` (`regex` is refused), and
+  its older top-level extras `guided_choice`, `guided_json`, `guided_grammar`, `guided_regex` (refused);
+- llama-server: top-level `grammar` (GBNF) and `json_schema`.
+
+Each becomes a llama.cpp GBNF grammar for the request's sampler chain. At most one may be given: two would
+constrain the output in ways the client cannot have meant together. `regex` has no GBNF translation here, so
+it is a 400 rather than an output the pattern does not hold.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from cobali.server.bodies import Body, RequestBody
+from cobali.server.grammar import JSON_OBJECT_GRAMMAR, check_json_schema, json_schema_grammar
+
+MAX_CHOICES = 256  # alternatives of a choice; each is one literal of the grammar
+
+
+def gbnf_literal(text: str) -> str:
+    """A GBNF string literal matching exactly `text` (llama.cpp's escapes: \\\\, \\", \\n, \\r, \\t, \\xHH,
+    \\uHHHH, \\UHHHHHHHH)."""
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif 0x20 <= code < 0x7F:
+            out.append(char)
+        elif code <= 0xFF:
+            out.append(f"\\x{code:02X}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04X}")
+        else:
+            out.append(f"\\U{code:08X}")
+    return '"' + "".join(out) + '"'
+
+
+def choice_grammar(choices: list[str]) -> str:
+    if not choices or len(choices) > MAX_CHOICES or not all(choices):
+        raise ValueError(f"choice must be 1 to {MAX_CHOICES} non-empty strings")
+    return "root ::= " + " | ".join(gbnf_literal(c) for c in choices)
+
+
+def schema_grammar(schema: Any, name: str) -> str:
+    """vLLM takes a JSON schema as an object or as its JSON text."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{name} is not valid JSON: {err}") from None
+    check_json_schema(schema)
+    return json_schema_grammar(schema)
+
+
+def raw_grammar(grammar: str, name: str) -> str:
+    if not grammar.strip():
+        raise ValueError(f"{name} is empty")
+    return grammar  # compiled by llama.cpp when the request is checked: a bad one is a 400 then
+
+
+def no_regex(name: str) -> str:
+    raise ValueError(f"{name} is not supported by this server: regular expressions have no GBNF translation "
+                     "here (use a grammar or a choice)")
+
+
+class StructuredOutputs(Body):
+    """vLLM's `structured_outputs`: exactly one constraint."""
+
+    choice: list[str] | None = None
+    json_schema: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
+    grammar: str | None = None
+    regex: str | None = None
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> StructuredOutputs:
+        given = [k for k in ("choice", "json_schema", "grammar", "regex", "json_object")
+                 if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs needs exactly one of choice, json, grammar, json_object")
+        return self
+
+    def to_grammar(self) -> str:
+        if self.choice is not None:
+            return choice_grammar(self.choice)
+        if self.json_schema is not None:
+            return schema_grammar(self.json_schema, "structured_outputs.json")
+        if self.grammar is not None:
+            return raw_grammar(self.grammar, "structured_outputs.grammar")
+        if self.regex is not None:
+            return no_regex("structured_outputs.regex")
+        return JSON_OBJECT_GRAMMAR
+
+
+class StructuredRequest(RequestBody):
+    """The structured-output fields of a generation request, beside response_format (schemas.py)."""
+
+    structured_outputs: StructuredOutputs | None = None
+    guided_choice: list[str] | None = None
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_grammar: str | None = None
+    guided_regex: str | None = None
+    grammar: str | None = None  # llama-server
+    json_schema: dict[str, Any] | bool | None = None  # llama-server
+
+    def structured_grammar(self, response_format_grammar: str | None) -> str | None:
+        """The one grammar asked for (response_format's, already built, included); ValueError for several."""
+        grammars = {name: build() for name, build in self._sources().items()}
+        if response_format_grammar is not None:
+            grammars["response_format"] = response_format_grammar
+        if len(grammars) > 1:
+            raise ValueError(f"{' and '.join(sorted(grammars))} both constrain the output: give one")
+        return next(iter(grammars.values()), None)
+
+    def _sources(self) -> dict[str, Any]:
+        """The constraints given, each as a function that builds its grammar (or refuses it)."""
+        sources = {
+            "structured_outputs": self.structured_outputs and self.structured_outputs.to_grammar,
+            "guided_choice": self.guided_choice is not None and (lambda: choice_grammar(self.guided_choice)),
+            "guided_json": self.guided_json is not None and (lambda: schema_grammar(self.guided_json, "guided_json")),
+            "guided_grammar": self.guided_grammar is not None and (
+                lambda: raw_grammar(self.guided_grammar, "guided_grammar")),
+            "guided_regex": self.guided_regex is not None and (lambda: no_regex("guided_regex")),
+            "grammar": self.grammar is not None and (lambda: raw_grammar(self.grammar, "grammar")),
+            "json_schema": self.json_schema is not None and (lambda: schema_grammar(self.json_schema, "json_schema")),
+        }
+        return {name: build for name, build in sources.items() if build}

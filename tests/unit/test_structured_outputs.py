@@ -1,0 +1,81 @@
+"""vLLM's and llama-server's spellings of structured outputs become one GBNF grammar (llama.cpp parses and
+enforces them in tests/integration/test_server_openai.py); conflicting or unsupported ones are a 400."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from cobali.server.app import create_app
+from cobali.server.grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
+from cobali.server.schemas import CompletionRequest, ModelLimits
+from cobali.server.structured import choice_grammar, gbnf_literal
+from tests.unit.test_server_api import fake_engine, wait_healthy
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+
+
+def grammar_of(**fields) -> str | None:
+    body = CompletionRequest.model_validate({"prompt": "x", **fields})
+    return body.sampling_params(1, ModelLimits(256, 96), 0).grammar
+
+
+def test_literals_escape_what_gbnf_would_read_otherwise() -> None:
+    assert gbnf_literal('say "hi"\\') == r'"say \"hi\"\\"'
+    assert gbnf_literal("a\nb\té😀") == r'"a\x0Ab\x09\xE9\U0001F600"'
+    assert choice_grammar(["yes", "no"]) == 'root ::= "yes" | "no"'
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"guided_choice": ["yes", "no"]}, choice_grammar(["yes", "no"])),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, choice_grammar(["yes", "no"])),
+    ({"guided_json": SCHEMA}, json_schema_grammar(SCHEMA)),
+    ({"guided_json": '{"type": "object", "properties": {"ok": {"type": "boolean"}}}'}, json_schema_grammar(SCHEMA)),
+    ({"structured_outputs": {"json": SCHEMA}}, json_schema_grammar(SCHEMA)),
+    ({"structured_outputs": {"json_object": True}}, JSON_OBJECT_GRAMMAR),
+    ({"json_schema": SCHEMA}, json_schema_grammar(SCHEMA)),
+    ({"guided_grammar": 'root ::= "a"'}, 'root ::= "a"'),
+    ({"structured_outputs": {"grammar": 'root ::= "a"'}}, 'root ::= "a"'),
+    ({"grammar": 'root ::= "a"'}, 'root ::= "a"'),
+    ({"response_format": {"type": "json_object"}}, JSON_OBJECT_GRAMMAR),
+    ({}, None),
+])
+def test_every_spelling_becomes_its_grammar(fields: dict, expected: str | None) -> None:
+    assert grammar_of(**fields) == expected
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[TestClient]:
+    with TestClient(create_app(fake_engine(), "m")) as client:
+        wait_healthy(client)
+        yield client
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice and response_format"),
+    ({"grammar": 'root ::= "a"', "guided_json": SCHEMA}, "grammar and guided_json"),
+    ({"structured_outputs": {"choice": ["a"], "grammar": 'root ::= "a"'}}, "exactly one of"),
+    ({"structured_outputs": {}}, "exactly one of"),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, "structured_outputs.regex is not supported"),
+    ({"guided_regex": "[0-9]+"}, "guided_regex is not supported"),
+    ({"guided_choice": []}, "choice must be 1 to 256 non-empty strings"),
+    ({"guided_choice": ["a", ""]}, "choice must be 1 to 256 non-empty strings"),
+    ({"guided_json": "{not json"}, "guided_json is not valid JSON"),
+    ({"json_schema": {"type": "nope"}}, "invalid JSON schema"),
+    ({"grammar": "  "}, "grammar is empty"),
+    ({"guided_choice": "yes"}, "guided_choice"),
+])
+def test_conflicting_or_unsupported_constraints_are_a_400(api: TestClient, fields: dict, message: str) -> None:
+    response = api.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, **fields})
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+
+
+def test_the_fields_are_read_not_reported_as_ignored(api: TestClient) -> None:
+    response = api.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "guided_choice": ["a", "b"],
+        "not_a_field": 1})
+    assert response.status_code == 200, response.text
+    assert response.headers["X-Cobali-Ignored-Fields"] == "not_a_field"
