@@ -44,7 +44,7 @@ def chat_prompt(http: Request, engine: Engine, body: ChatCompletionRequest) -> l
     """The prompt's tokens: the messages and active tools through the chat template."""
     messages = [m.as_template_input() for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.active_tools] or None
-    return tokenize(engine, chat_prompt_text(http, engine, messages, tools), "messages")
+    return tokenize(engine, chat_prompt_text(http, engine, messages, tools), "messages", body.truncate_prompt_tokens)
 
 
 @router.post("/v1/chat/completions")

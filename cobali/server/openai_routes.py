@@ -69,8 +69,13 @@ async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIter
             yield sse(unavailable(str(err)).body())
 
 
-def tokenize(engine: Engine, prompt: str | list[int], param: str) -> list[int]:
+def tokenize(engine: Engine, prompt: str | list[int], param: str, keep: int | None = None) -> list[int]:
+    """The prompt's tokens; keep (vLLM's truncate_prompt_tokens): only its last `keep`, -1 as many as the
+    context holds beside one output token."""
     try:
+        if keep is not None:
+            tokens = engine.backend.tokenize(prompt) if isinstance(prompt, str) else prompt
+            prompt = tokens[-(engine.slots.accountant.seq_limit - 1 if keep == -1 else keep):]
         return engine.tokenize_prompt(prompt)
     except ValueError as err:
         raise bad_request(str(err), param) from None
@@ -126,10 +131,11 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, promp
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, http: Request) -> Response:
     engine = served_engine(http, body.model)
-    prompts = [tokenize(engine, p, "prompt") for p in body.prompts()]
+    prompts = [tokenize(engine, p, "prompt", body.truncate_prompt_tokens) for p in body.prompts()]
     echoes = None
-    if body.echo:  # the prompt as sent; token-id prompts are rendered from their tokens
-        echoes = [p if isinstance(p, str) else detokenize(engine, p) for p in body.prompts()]
+    if body.echo:  # the prompt as sent; token-id or truncated prompts are rendered from their tokens
+        echoes = [p if isinstance(p, str) and body.truncate_prompt_tokens is None else detokenize(engine, t)
+                  for p, t in zip(body.prompts(), prompts, strict=True)]
     return await generate(http, engine, body, prompts, COMPLETION, echoes)
 
 

@@ -90,6 +90,7 @@ class GenerationRequest(StructuredRequest):
     min_tokens: int = Field(default=0, ge=0)  # vLLM's extras
     stop_token_ids: list[int] | None = Field(default=None, max_length=64)
     include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # the last k prompt tokens (-1: all that fit)
     priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # lower runs first with `serve --queue priority`
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -102,6 +103,8 @@ class GenerationRequest(StructuredRequest):
         for name in self.unsupported:
             if getattr(self, name, None) not in (None, False):  # {} asks for the feature too
                 raise ValueError(f"{name} is not supported by this server")
+        if self.truncate_prompt_tokens == 0:
+            raise ValueError("truncate_prompt_tokens must be >= 1, or -1 for as many as the context holds")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream set to true")
         for key in self.logit_bias or {}:

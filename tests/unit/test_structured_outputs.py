@@ -12,7 +12,7 @@ from cobali.server.app import create_app
 from cobali.server.grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
 from cobali.server.schemas import CompletionRequest, ModelLimits
 from cobali.server.structured import choice_grammar, gbnf_literal
-from tests.unit.test_server_api import fake_engine, wait_healthy
+from tests.unit.test_server_api import N_CTX_SEQ, fake_engine, wait_healthy
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
 
@@ -79,3 +79,36 @@ def test_the_fields_are_read_not_reported_as_ignored(api: TestClient) -> None:
         "not_a_field": 1})
     assert response.status_code == 200, response.text
     assert response.headers["X-Cobali-Ignored-Fields"] == "not_a_field"
+
+
+# vLLM's truncate_prompt_tokens lives beside the constraints above: both are vLLM extras of a generation body.
+
+def completion(api: TestClient, **fields) -> dict:
+    response = api.post("/v1/completions", json={"max_tokens": 4, "temperature": 0, "ignore_eos": True, **fields})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(api: TestClient) -> None:
+    cut = completion(api, prompt="abcdefgh", truncate_prompt_tokens=3)
+    assert cut["usage"]["prompt_tokens"] == 3  # the fake tokenizer: one token a character, no BOS
+    assert cut["choices"][0]["text"] == completion(api, prompt="fgh")["choices"][0]["text"]
+    echoed = completion(api, prompt="abcdefgh", truncate_prompt_tokens=3, echo=True)
+    assert echoed["choices"][0]["text"].startswith("fgh") and not echoed["choices"][0]["text"].startswith("abc")
+    assert completion(api, prompt=[5, 6, 7, 8], truncate_prompt_tokens=2)["usage"]["prompt_tokens"] == 2
+    chat = api.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello there"}],
+                                                  "max_tokens": 2, "truncate_prompt_tokens": 5})
+    assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == 5
+
+
+def test_truncate_prompt_tokens_minus_one_fits_the_context(api: TestClient) -> None:
+    long = "x" * (N_CTX_SEQ + 50)
+    assert api.post("/v1/completions", json={"prompt": long, "max_tokens": 1}).status_code == 400
+    fitted = completion(api, prompt=long, truncate_prompt_tokens=-1, max_tokens=1)
+    assert fitted["usage"]["prompt_tokens"] == N_CTX_SEQ - 1
+
+
+@pytest.mark.parametrize("value", [0, -2, "3"])
+def test_truncate_prompt_tokens_must_be_a_count(api: TestClient, value) -> None:
+    response = api.post("/v1/completions", json={"prompt": "abc", "truncate_prompt_tokens": value})
+    assert response.status_code == 400 and "truncate_prompt_tokens" in response.text
