@@ -63,7 +63,7 @@ async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIter
             async for deltas in reply.generation.batches():  # one write for all that arrived together
                 chunk = "".join(map(reply.delta_chunk, deltas))
                 if not reply.generation.unfinished:  # the last text: the stream's end rides in the same write
-                    chunk += (reply.chunk([], usage=True) if include_usage else "") + "data: [DONE]\n\n"
+                    chunk += (reply.chunk([], reply.usage()) if include_usage else "") + "data: [DONE]\n\n"
                 yield chunk
         except EngineUnavailable as err:  # headers are sent: report in-band, as OpenAI streams do
             yield sse(unavailable(str(err)).body())
@@ -118,7 +118,7 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, promp
         logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(generation.requests),
                                  echo=echoes is not None)
     reply = Reply(kind, server.model_name, generation, sum(map(len, prompts)), logprobs,
-                  None if echoes is None else [e for e in echoes for _ in range(body.n)])
+                  None if echoes is None else [e for e in echoes for _ in range(body.n)], body.continuous_usage)
     headers = ignored_fields_headers(body)
     if body.stream:
         return EventStream(_stream(http, reply, body.include_usage), headers)

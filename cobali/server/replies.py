@@ -78,8 +78,10 @@ class Reply:
     """The envelope shared by a response and all of its stream chunks."""
 
     def __init__(self, kind: Kind, model: str, generation: Generation, prompt_tokens: int,
-                 logprobs: LogprobWriter | None, echoes: list[str] | None = None) -> None:
+                 logprobs: LogprobWriter | None, echoes: list[str] | None = None,
+                 continuous_usage: bool = False) -> None:
         self.kind = kind
+        self.continuous_usage = continuous_usage  # vLLM's continuous_usage_stats: usage in every chunk
         self.logprobs = logprobs
         self._echoes = echoes  # per choice, the prompt text that opens it (completions' echo)
         self.id = f"{'chatcmpl' if kind.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -128,7 +130,8 @@ class Reply:
         if not self.kind.chat:
             return None
         return self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None} for i in range(len(self.generation.requests))])
+                            "finish_reason": None} for i in range(len(self.generation.requests))],
+                          self.usage_so_far(0) if self.continuous_usage else None)
 
     def delta_chunk(self, delta: Delta) -> str:
         if self._is_plain(delta):
@@ -146,15 +149,20 @@ class Reply:
         logprobs = self.new_logprobs(delta.index, delta.n_tokens)  # the engine may be tokens ahead by now
         choice = self.kind.chunk_choice(delta.index, text, reason, logprobs, calls,
                                         request.stop_reason if delta.finished else None)
-        return self.chunk([choice])
+        return self.chunk([choice], self.usage_so_far(delta.n_tokens) if self.continuous_usage else None)
 
     def _is_plain(self, delta: Delta) -> bool:
-        """Text alone: not the end, no logprobs, no tool calls to look for, no echo still to send."""
+        """Text alone: not the end, no logprobs, no tool calls to look for, no echo still to send, no usage."""
         return (bool(delta.text) and not delta.finished and self.logprobs is None and self._tool_streams is None
-                and not (self._echoes and self._echoes[delta.index]))
+                and not (self._echoes and self._echoes[delta.index]) and not self.continuous_usage)
 
-    def chunk(self, choices: list[dict], usage: bool = False) -> str:
-        tail = f',"usage":{encode_json(self.usage())}}}' if usage else "}"
+    def usage_so_far(self, completion_tokens: int) -> dict:
+        """A chunk's usage under continuous_usage_stats: the prompt, and its choice's tokens so far (vLLM)."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": self.prompt_tokens + completion_tokens}
+
+    def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        tail = f',"usage":{encode_json(usage)}}}' if usage is not None else "}"
         return f"{self._chunk_head}{encode_json(choices)}{tail}\n\n"
 
 

@@ -35,6 +35,7 @@ class ModelLimits:
 
 class StreamOptions(Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: every chunk carries the usage so far
 
 
 class JsonSchemaFormat(Body):
@@ -126,6 +127,10 @@ class GenerationRequest(StructuredRequest):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     def sampling_params(self, prompt_tokens: int, limits: ModelLimits, copy: int) -> SamplingParams:
         """Engine parameters for one choice. Seeded copies get seed+copy: distinct yet reproducible.

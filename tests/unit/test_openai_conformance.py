@@ -167,3 +167,22 @@ def test_openai_fields_this_server_cannot_honour_are_400(client: OpenAI, route: 
         call = lambda: client.chat.completions.create(model="fake-model", max_tokens=1,  # noqa: E731
                                                       messages=[{"role": "user", "content": "x"}], extra_body=extra)
     assert fragment in bad_request(call)
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client: OpenAI, chat: bool) -> None:
+    """vLLM's stream_options.continuous_usage_stats: each chunk's usage counts its choice's tokens so far."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    ask = {"model": "fake-model", "max_tokens": 6, "temperature": 0, "stream": True, "stream_options": options,
+           "extra_body": {"ignore_eos": True}}
+    if chat:
+        chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **ask))
+    else:
+        chunks = list(client.completions.create(prompt=PROMPT, **ask))
+    prompt_tokens = chunks[-1].usage.prompt_tokens
+    assert all(c.usage is not None and c.usage.prompt_tokens == prompt_tokens for c in chunks)
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6 and counts[-2] == 6  # the last text chunk, the usage chunk
+    assert all(c.usage.total_tokens == prompt_tokens + c.usage.completion_tokens for c in chunks)
+    plain = list(client.completions.create(prompt=PROMPT, **{**ask, "stream_options": {"include_usage": True}}))
+    assert all(c.usage is None for c in plain[:-1])  # without it only the last chunk has usage
