@@ -15,6 +15,7 @@ class TokenLogprob:
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...]  # the most likely tokens and their logprobs, most likely first
+    rank: int = 1  # 1 + how many tokens are more likely than it (vLLM's prompt_logprobs report it)
 
 
 def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
@@ -27,7 +28,7 @@ def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
         best = np.argpartition(-logprobs, k - 1)[:k]
         best = best[np.argsort(-logprobs[best], kind="stable")]
         top = tuple((int(t), float(logprobs[t])) for t in best)
-    return TokenLogprob(token, float(logprobs[token]), top)
+    return TokenLogprob(token, float(logprobs[token]), top, int((logprobs > logprobs[token]).sum()) + 1)
 
 
 class Sampling(Protocol):

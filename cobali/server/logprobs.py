@@ -3,6 +3,7 @@ per-token TokenLogprob entries."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from cobali.engine.request import Request
@@ -50,7 +51,8 @@ class LogprobWriter:
     def _prompt(self, index: int, request: Request) -> dict:
         """The echoed prompt's lists; they come before the output's, so the output's offsets move on."""
         first = self._text(request.prompt_tokens[0])
-        rest = self._completion(index, request.prompt_logprobs)
+        k = request.params.logprobs  # prompt_logprobs may have recorded more alternatives
+        rest = self._completion(index, [dataclasses.replace(e, top=e.top[:k]) for e in request.prompt_logprobs])
         self._text_offset[index] += len(first)
         return _joined({"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]},
                        {**rest, "text_offset": [o + len(first) for o in rest["text_offset"]]})
@@ -70,6 +72,20 @@ class LogprobWriter:
         top = {self._text(t): lp for t, lp in reversed(entry.top)}
         top.setdefault(self._text(entry.token), entry.logprob)
         return top
+
+
+def prompt_logprobs(request: Request, token_bytes: Callable[[int], bytes]) -> list[dict | None]:
+    """vLLM's prompt_logprobs: per prompt token (the first: null, nothing predicts it) its own and the top
+    alternatives', by token id: logprob, rank (1: the likeliest) and the decoded text."""
+    def item(token: int, logprob: float, rank: int) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": token_bytes(token).decode("utf-8", "replace")}
+
+    rendered: list[dict | None] = [None]
+    for e in request.prompt_logprobs:
+        entry = {str(t): item(t, lp, rank) for rank, (t, lp) in enumerate(e.top, 1)}
+        entry[str(e.token)] = item(e.token, e.logprob, e.rank)
+        rendered.append(entry)
+    return rendered
 
 
 def _joined(head: dict, tail: dict) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -14,7 +15,7 @@ from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.server.errors import bad_request, unavailable, unknown_model
 from cobali.server.generation import EngineUnavailable, Generation
-from cobali.server.logprobs import LogprobWriter
+from cobali.server.logprobs import LogprobWriter, prompt_logprobs
 from cobali.server.replies import COMPLETION, Kind, Reply, sse
 from cobali.server.schemas import CompletionRequest, GenerationRequest, ModelLimits
 from cobali.server.state import ServerContext
@@ -118,7 +119,9 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, promp
         logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(generation.requests),
                                  echo=echoes is not None)
     reply = Reply(kind, server.model_name, generation, sum(map(len, prompts)), logprobs,
-                  None if echoes is None else [e for e in echoes for _ in range(body.n)], body.continuous_usage)
+                  None if echoes is None else [e for e in echoes for _ in range(body.n)], body.continuous_usage,
+                  None if body.prompt_logprobs is None else functools.partial(
+                      prompt_logprobs, token_bytes=engine.backend.token_bytes))
     headers = ignored_fields_headers(body)
     if body.stream:
         return EventStream(_stream(http, reply, body.include_usage), headers)

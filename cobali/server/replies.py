@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as json_string
 
@@ -79,8 +79,10 @@ class Reply:
 
     def __init__(self, kind: Kind, model: str, generation: Generation, prompt_tokens: int,
                  logprobs: LogprobWriter | None, echoes: list[str] | None = None,
-                 continuous_usage: bool = False) -> None:
+                 continuous_usage: bool = False,
+                 prompt_logprobs: Callable[[EngineRequest], list[dict | None]] | None = None) -> None:
         self.kind = kind
+        self.prompt_logprobs = prompt_logprobs  # vLLM's prompt_logprobs, rendered (logprobs.prompt_logprobs)
         self.continuous_usage = continuous_usage  # vLLM's continuous_usage_stats: usage in every chunk
         self.logprobs = logprobs
         self._echoes = echoes  # per choice, the prompt text that opens it (completions' echo)
@@ -121,9 +123,16 @@ class Reply:
         return text
 
     def full(self) -> dict:
-        choices = [self.kind.choice(i, self.echo(i) + r.text, r, self.new_logprobs(i))
-                   for i, r in enumerate(self.generation.requests)]
-        return self.envelope(self.kind.object, choices, usage=True)
+        requests = self.generation.requests
+        choices = [self.kind.choice(i, self.echo(i) + r.text, r, self.new_logprobs(i)) for i, r in enumerate(requests)]
+        body = self.envelope(self.kind.object, choices, usage=True)
+        # vLLM: per choice in completions, once for a chat's one prompt
+        if self.prompt_logprobs is not None and self.kind.chat:
+            body["prompt_logprobs"] = self.prompt_logprobs(requests[0])
+        elif self.prompt_logprobs is not None:
+            for choice, request in zip(choices, requests, strict=True):
+                choice["prompt_logprobs"] = self.prompt_logprobs(request)
+        return body
 
     def opening(self) -> str | None:
         """OpenAI opens each streamed chat choice with the role."""

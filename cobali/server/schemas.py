@@ -91,6 +91,7 @@ class GenerationRequest(StructuredRequest):
     min_tokens: int = Field(default=0, ge=0)  # vLLM's extras
     stop_token_ids: list[int] | None = Field(default=None, max_length=64)
     include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # vLLM: each prompt token's, top k
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # the last k prompt tokens (-1: all that fit)
     priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # lower runs first with `serve --queue priority`
     stream: bool = False
@@ -106,6 +107,8 @@ class GenerationRequest(StructuredRequest):
                 raise ValueError(f"{name} is not supported by this server")
         if self.truncate_prompt_tokens == 0:
             raise ValueError("truncate_prompt_tokens must be >= 1, or -1 for as many as the context holds")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not supported with stream (as vLLM's chat)")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream set to true")
         for key in self.logit_bias or {}:
@@ -173,7 +176,7 @@ class GenerationRequest(StructuredRequest):
         return tokens
 
     def prompt_logprob_count(self) -> int | None:
-        return None
+        return self.prompt_logprobs
 
     def logprob_count(self) -> int | None:
         """Top alternatives to report per token; None: no logprobs at all."""
@@ -206,7 +209,9 @@ class CompletionRequest(GenerationRequest):
 
     def prompt_logprob_count(self) -> int | None:
         """Eval harnesses score a text's log-likelihood with echo and logprobs: the prompt's own logprobs."""
-        return self.logprobs if self.echo else None
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
     def prompts(self) -> list[str | list[int]]:
         return text_batch(self.prompt)

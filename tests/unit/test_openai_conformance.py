@@ -186,3 +186,34 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client: Open
     assert all(c.usage.total_tokens == prompt_tokens + c.usage.completion_tokens for c in chunks)
     plain = list(client.completions.create(prompt=PROMPT, **{**ask, "stream_options": {"include_usage": True}}))
     assert all(c.usage is None for c in plain[:-1])  # without it only the last chunk has usage
+
+
+def test_prompt_logprobs_as_vllm_reports_them(client: OpenAI) -> None:
+    prompt = FakeBackend().tokenize("abcd")
+    reply = client.completions.create(model="fake-model", prompt="abcd", max_tokens=1, n=2, temperature=0,
+                                      extra_body={"prompt_logprobs": 2})
+    for choice in reply.choices:
+        entries = choice.prompt_logprobs
+        assert len(entries) == 4 and entries[0] is None
+        for position, entry in enumerate(entries[1:], 1):
+            token = prompt[position]
+            own = entry[str(token)]
+            assert own["logprob"] == pytest.approx(fake_logprob(prompt[:position], token))
+            assert own["decoded_token"] == "abcd"[position]
+            ranked = sorted((v["rank"], v["logprob"]) for v in entry.values())
+            assert ranked[0][0] == 1 and [lp for _, lp in ranked] == sorted((lp for _, lp in ranked), reverse=True)
+            assert len(entry) in (2, 3)  # the top 2, and the prompt's token when it is not among them
+    chat = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=1, extra_body={"prompt_logprobs": 0})
+    assert chat.prompt_logprobs[0] is None and all(len(e) == 1 for e in chat.prompt_logprobs[1:])
+    assert "prompt_logprobs" not in client.completions.create(
+        model="fake-model", prompt="abcd", max_tokens=1, echo=True, logprobs=1).choices[0].model_extra
+
+
+def test_prompt_logprobs_leave_echo_with_its_own_count(client: OpenAI) -> None:
+    reply = client.completions.create(model="fake-model", prompt="abcd", max_tokens=1, echo=True, logprobs=1,
+                                      extra_body={"prompt_logprobs": 5})
+    assert all(len(top) <= 2 for top in reply.choices[0].logprobs.top_logprobs[1:])  # 1 + the token itself
+    assert all(len(entry) >= 5 for entry in reply.choices[0].prompt_logprobs[1:])
+    assert "prompt_logprobs" in bad_request(lambda: client.completions.create(
+        model="fake-model", prompt="x", max_tokens=1, stream=True, extra_body={"prompt_logprobs": 1}))
