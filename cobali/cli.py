@@ -6,7 +6,7 @@ import argparse
 import functools
 import sys
 
-from cobali import __version__, calibrate, run, synth
+from cobali import __version__, calibrate, run, synth, synth_lora
 from cobali.batch import cli as batch_cli
 from cobali.bench import cli as bench_cli
 from cobali.options import engine_spec
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_cli.register(subparsers)
     batch_cli.register(subparsers).set_defaults(func=batch_command)
     synth.register(subparsers)
+    synth_lora.register(subparsers)
     return parser
 
 

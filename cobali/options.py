@@ -121,8 +121,9 @@ def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> Ll
     return LlamaCppConfig(model_path=args.model, n_ctx=args.ctx, n_seq_max=n_seq_max or args.max_slots,
                           n_batch=args.n_batch, n_threads=args.threads, kv_unified=args.kv_unified,
                           n_gpu_layers=args.n_gpu_layers, backend_sampling=args.backend_sampling,
-                          # calibrate takes no engine flags, and guesses nothing
-                          max_outputs_per_seq=1 + getattr(args, "num_speculative_tokens", 0))
+                          # calibrate takes no engine flags, and guesses nothing; only serve loads adapters
+                          max_outputs_per_seq=1 + getattr(args, "num_speculative_tokens", 0),
+                          lora_paths=tuple(path for _, path in getattr(args, "lora_modules", ())))
 
 
 def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:

@@ -116,6 +116,7 @@ class BackendInfo:
     kv_bytes_per_token: int = 0
     # Most output rows one sequence may have in a decode (speculative decoding feeds 1 + its guesses); 0: any.
     max_outputs_per_seq: int = 0
+    n_loras: int = 0  # LoRA adapters loaded with the model (Backend.use_lora 1..n_loras; 0: the base model)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,11 @@ class Backend(Protocol):
 
     def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         """Drop positions [p0, p1) of a sequence from KV (p1 = -1: to the end)."""
+        ...
+
+    def use_lora(self, index: int) -> None:
+        """Decode with LoRA adapter `index` (1..info.n_loras) from the next decode on, 0: the base model alone.
+        An adapter applies to every row of a decode (llama.cpp sets adapters per context)."""
         ...
 
     def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...

@@ -48,6 +48,7 @@ class FakeBackend:
     # Pick WANT_ARGMAX rows' tokens "on the device", as llama.cpp's backend sampling does: their logits rows
     # come back as NaN, so a host that reads them (or samples them with a chain) goes wrong visibly.
     device_argmax: bool = False
+    n_loras: int = 0  # "adapters": adapter i moves every greedy token by 7 * i
     batches: list[Batch] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -55,8 +56,9 @@ class FakeBackend:
         self.info = BackendInfo(
             n_vocab=self.n_vocab, n_ctx=n_ctx, n_ctx_seq=self.n_ctx_seq, n_seq_max=self.n_seq_max,
             n_batch=self.n_batch, kv_unified=self.kv_unified, description="fake", prefill_tile=self.prefill_tile,
-            kv_bytes_per_token=self.kv_bytes_per_token,
+            kv_bytes_per_token=self.kv_bytes_per_token, n_loras=self.n_loras,
         )
+        self.lora = 0
         self.kv: dict[int, list[int]] = {s: [] for s in range(self.n_seq_max)}
         self.last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)
         self._arrays = BatchArrays.zeros(self.n_batch)
@@ -103,8 +105,12 @@ class FakeBackend:
             return sum(map(len, kv.values())) <= self.info.n_ctx
         return all(len(v) <= self.n_ctx_seq for v in kv.values())
 
+    def use_lora(self, index: int) -> None:
+        assert 0 <= index <= self.n_loras
+        self.lora = index
+
     def _logits_after(self, history: list[int]) -> np.ndarray:
-        target = (sum(history[-3:]) * 7 + len(history) * 13) % self.n_vocab
+        target = (sum(history[-3:]) * 7 + len(history) * 13 + 7 * self.lora) % self.n_vocab
         return -0.5 * np.abs(np.arange(self.n_vocab, dtype=np.float32) - target)
 
     def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:

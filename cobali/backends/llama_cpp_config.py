@@ -35,6 +35,7 @@ class LlamaCppConfig:
     # Output rows one sequence may have in a decode: 1 + the engine's guessed tokens (speculative decoding).
     # llama.cpp's backend sampling refuses a decode with more (its default is 1).
     max_outputs_per_seq: int = 1
+    lora_paths: tuple[str, ...] = ()  # LoRA adapter GGUFs, served as adapters 1..n (Backend.use_lora)
     verbose: bool = False
 
     def __post_init__(self) -> None:

@@ -42,10 +42,7 @@ class Engine(Driving):
         self.backend = backend
         self.clock = clock  # every timestamp comes from it; a simulated backend passes its virtual one
         self.config = config = config or EngineConfig()
-        if config.n_batch > backend.info.n_batch:
-            raise ValueError(f"n_batch {config.n_batch} exceeds the backend's {backend.info.n_batch}")
-        if 0 < (most := backend.info.max_outputs_per_seq) <= (k := config.spec.num_speculative_tokens):
-            raise ValueError(f"{k} speculative tokens need {k + 1} outputs per sequence, the backend takes {most}")
+        config.check_backend(backend.info)
         self.slots = SlotPool(backend.info, config.max_slots, config.prefix_cache, compact=config.compact_slots,
                               host_mib=config.host_cache_mib)
         self.kv_runner = KvRunner(backend)
@@ -53,7 +50,7 @@ class Engine(Driving):
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
             budget=tick_budget(config, costs, backend.info.prefill_tile), prefill_tile=backend.info.prefill_tile,
-            drafter=NgramDrafter(config.spec) if config.spec.enabled else None,
+            drafter=NgramDrafter(config.spec) if config.spec.enabled else None, n_loras=backend.info.n_loras,
         )
         self.sampler = RowSampler(backend, np.flatnonzero(backend.eog_mask()))
         self._eog_ids = frozenset(self.sampler.eog_ids.tolist())
@@ -73,8 +70,9 @@ class Engine(Driving):
         self._aborts: deque[int] = deque()
         self._batch = backend.batch_arrays()  # filled in place: decode reads these very arrays
         self._pipeline = Pipeline(self) if config.async_scheduling else None
-
-    # ---- submitting -------------------------------------------------------------------------------
+        # The adapter the backend decodes with; unknown at first with adapters loaded (an engine before this one
+        # on the same backend may have left one set).
+        self._lora: int | None = None if backend.info.n_loras else 0
 
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
         tokens = self.backend.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -90,11 +88,13 @@ class Engine(Driving):
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     on_token: TokenCallback | None = None, arrival_time: float | None = None, priority: int = 0,
-                    stream_interval: int = 1) -> Request:
+                    stream_interval: int = 1, lora: int = 0) -> Request:
         """Queue a request; thread-safe. Raises ValueError for a prompt that can never run. on_token gets the new
-        text every stream_interval tokens (the first text at once), and at the end."""
+        text every stream_interval tokens (the first text at once), and at the end. lora: its adapter, 0: none."""
         params = params or SamplingParams()
-        request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority,
+        if not 0 <= lora <= self.backend.info.n_loras:
+            raise ValueError(f"LoRA adapter {lora} is not loaded (adapters 1..{self.backend.info.n_loras})")
+        request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority, lora=lora,
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
         self.requests[request.id] = request
         self._texts[request.id] = TextStream(params.stop, stream_interval, params.min_tokens, params.include_stop_str)
@@ -120,8 +120,6 @@ class Engine(Driving):
         self.kv_runner.run(self.slots.take_kv_ops())
         return True
 
-    # ---- the tick ---------------------------------------------------------------------------------
-
     def step(self) -> TickRecord | None:
         """Run one tick; None when nothing could run. With async scheduling the record is of the tick whose
         decode finished in this call, while the next one's already runs."""
@@ -135,6 +133,9 @@ class Engine(Driving):
             self.fail_unrunnable_head(start)
             return None
         filled = fill_batch(self._batch, plan.rows, self.requests, start, plan.drafts)
+        if plan.lora != self._lora:
+            self._lora = plan.lora
+            self.backend.use_lora(plan.lora)
         n = filled.n_rows
         n_running, n_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         decode_start = self.clock()

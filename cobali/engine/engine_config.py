@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cobali.backends.base import BackendInfo
 from cobali.engine.budget import check_budget_settings
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.queue import WaitQueue
@@ -54,3 +55,12 @@ class EngineConfig:
             # request's KV ends.
             raise ValueError("speculative decoding (num_speculative_tokens > 0) cannot be combined with "
                              "async scheduling")
+
+    def check_backend(self, info: BackendInfo) -> None:
+        """What these settings ask of the backend an engine runs them on: ValueError if it cannot."""
+        if self.n_batch > info.n_batch:
+            raise ValueError(f"n_batch {self.n_batch} exceeds the backend's {info.n_batch}")
+        if 0 < (most := info.max_outputs_per_seq) <= (k := self.spec.num_speculative_tokens):
+            raise ValueError(f"{k} speculative tokens need {k + 1} outputs per sequence, the backend takes {most}")
+        if info.n_loras and self.async_scheduling:  # the next batch would be planned before its adapter is known
+            raise ValueError("LoRA adapters cannot be combined with async scheduling")

@@ -101,6 +101,7 @@ class Plan:
     kv_ops: tuple[KvOp, ...] = ()  # run in order before the batch: slots released, reused, handed out
     # Tokens guessed behind decode rows (engine/spec.py), by request id: such a decode chunk has 1 + len rows.
     drafts: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    lora: int = 0  # the LoRA adapter every row of the batch runs with (0: none): llama.cpp sets one per decode
 
     @cached_property
     def rows(self) -> tuple[Chunk, ...]:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -182,3 +183,19 @@ def kv_policy(name: str) -> KvPolicy:
     if name == "optimistic":
         return OptimisticKv()
     raise ValueError(f"unknown KV admission {name!r}: expected one of {', '.join(KV_POLICIES)}")
+
+
+class AdapterTurns:
+    """LoRA adapters take turns. llama.cpp applies one set of adapters to a whole decode, so a tick serves the
+    requests of one adapter (0: the base model). Each tick the next adapter in turn, among those with rows to
+    run or a request at the queue's head that a free slot could take, goes first; the scheduler tries the
+    others in order when its tick would be empty. With n adapters busy each one's requests run every n-th
+    tick: their time per token grows n-fold (llama-server splits its batches by adapter the same way)."""
+
+    def order(self, tick: int, runnable: Iterable[Request], head: Request | None) -> list[int]:
+        loras = {r.lora for r in runnable}
+        if head is not None:
+            loras.add(head.lora)
+        order = sorted(loras) or [0]
+        start = tick % len(order)
+        return order[start:] + order[:start]

@@ -56,6 +56,7 @@ class Request:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.perf_counter)
     priority: int = 0
+    lora: int = 0  # the LoRA adapter it runs with (1..BackendInfo.n_loras); 0: the base model
     state: RequestState = RequestState.PENDING
     output_tokens: list[int] = field(default_factory=list)
     computed_tokens: int = 0  # tokens of prompt+output already in KV, so also the position of the next token

@@ -15,7 +15,7 @@ from collections import deque
 from cobali.engine.budget import FixedBudget, TickBudget
 from cobali.engine.kv import SlotPool
 from cobali.engine.plan import Chunk, Plan
-from cobali.engine.policies import AdmissionPolicy, BatchPolicy, DecodeMax, KvPolicy, ReserveKv
+from cobali.engine.policies import AdapterTurns, AdmissionPolicy, BatchPolicy, DecodeMax, KvPolicy, ReserveKv
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
 from cobali.engine.spec import Drafter
@@ -30,7 +30,7 @@ class Scheduler:
     def __init__(self, slots: SlotPool, admission: AdmissionPolicy, n_batch: int,
                  batch: BatchPolicy | None = None, kv: KvPolicy | None = None,
                  queue: WaitQueue | None = None, budget: TickBudget | None = None, prefill_tile: int = 1,
-                 drafter: Drafter | None = None) -> None:
+                 drafter: Drafter | None = None, n_loras: int = 0) -> None:
         if n_batch < slots.max_slots:
             raise ValueError(f"n_batch ({n_batch}) must be >= max_slots ({slots.max_slots}) so decodes fit")
         self.slots = slots
@@ -43,6 +43,7 @@ class Scheduler:
         self.waiting = queue if queue is not None else WaitQueue()
         self.budget = budget or FixedBudget(n_batch)
         self.drafter = drafter  # guesses tokens for greedy decodes (engine/spec.py); None: no speculation
+        self.adapters = AdapterTurns() if n_loras else None  # None: every request runs on the base model
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self._queues = TickQueues(slots, self.waiting, self.running, admission, n_batch, prefill_tile)
         self.tick = 0
@@ -62,7 +63,8 @@ class Scheduler:
         if self.drafter is not None:
             self.drafter.forget(request.id)
         if request.slot is not None:
-            kv_tokens = request.all_tokens[: request.computed_tokens] if keep_kv else None
+            # A prefix computed under an adapter is no one else's: it is not kept.
+            kv_tokens = request.all_tokens[: request.computed_tokens] if keep_kv and not request.lora else None
             self.slots.release(request.slot, kv_tokens)
             request.slot = None
 
@@ -161,12 +163,15 @@ class Scheduler:
             generating = [r for r in generating if r.slot is not None]
             prefilling = [r for r in prefilling if r.slot is not None]
         fit_policy = ReserveKv() if self._backing_off() else self.kv
-        depth = max((r.computed_tokens for r in prefilling), default=0)
-        budget = self.budget.tokens(generating, depth, now)
-        tick = TickBuilder(self._queues, self.tick, budget, generating, prefilling, may_admit=not preempted,
-                           fit_policy=fit_policy)
-        self.batch.compose(tick)
-        drafts = tick.add_drafts(self.drafter, not self.accountant.unified) if self.drafter is not None else {}
+        if self.adapters is None:
+            lora, tick, drafts = 0, *self._compose(0, generating, prefilling, not preempted, fit_policy, now)
+        else:
+            head = self.waiting[0] if self.waiting and self.slots.can_assign() else None
+            for lora in self.adapters.order(self.tick, generating + prefilling, head):
+                tick, drafts = self._compose(lora, [r for r in generating if r.lora == lora],
+                                             [r for r in prefilling if r.lora == lora], not preempted, fit_policy, now)
+                if tick.chunks:
+                    break
         if self.slots.may_have_gap:
             self._compact(tick.chunks)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
@@ -175,4 +180,14 @@ class Scheduler:
         assert tick.chunks or all(r.state is RequestState.DECODE and not self._generates_more(r)
                                   for r in self.running), "running requests but an empty plan: the engine would spin"
         return Plan(self.tick, tuple(tick.chunks), tuple(tick.admitted), wasted, tuple(preempted),
-                    kv_ops=self.slots.take_kv_ops(), drafts=drafts)
+                    kv_ops=self.slots.take_kv_ops(), drafts=drafts, lora=lora)
+
+    def _compose(self, lora: int, generating: list[Request], prefilling: list[Request], may_admit: bool,
+                 fit_policy: KvPolicy, now: float) -> tuple[TickBuilder, dict[int, tuple[int, ...]]]:
+        """One tick's batch for the requests of one LoRA adapter (0: the base model), and its guesses."""
+        depth = max((r.computed_tokens for r in prefilling), default=0)
+        budget = self.budget.tokens(generating, depth, now)
+        tick = TickBuilder(self._queues, self.tick, budget, generating, prefilling, may_admit, fit_policy, lora)
+        self.batch.compose(tick)
+        drafts = tick.add_drafts(self.drafter, not self.accountant.unified) if self.drafter is not None else {}
+        return tick, drafts

@@ -53,7 +53,7 @@ class TickBuilder:
     """Satisfies policies.TickComposer: the batch policy decides the order of its steps."""
 
     def __init__(self, queues: TickQueues, tick: int, budget: int, decoding: list[Request],
-                 prefilling: list[Request], may_admit: bool, fit_policy: KvPolicy) -> None:
+                 prefilling: list[Request], may_admit: bool, fit_policy: KvPolicy, lora: int = 0) -> None:
         assert 0 < budget <= queues.n_batch
         self.queues = queues
         self.tick = tick
@@ -62,6 +62,7 @@ class TickBuilder:
         self.prefilling = prefilling  # ... and those whose prompt is being prefilled
         self.may_admit = may_admit
         self.fit_policy = fit_policy
+        self.lora = lora  # the LoRA adapter of the tick's requests: only its waiting requests are admitted
         self.chunks: list[Chunk] = []
         self.admitted: list[int] = []
         self.allowance = 0
@@ -155,6 +156,8 @@ class TickBuilder:
         self.allowance = limit - len(self.admitted)
 
     def _fits(self, request: Request) -> bool:
+        if request.lora != self.lora:
+            return False
         acc = self.queues.slots.accountant
         need = self.fit_policy.tokens_to_admit(request, acc.seq_limit)
         if acc.can_hold(None, need):
@@ -174,10 +177,11 @@ class TickBuilder:
             # than min_reuse_tokens is never reused, and hundreds of running requests must not cost a copy each.
             head = request.all_tokens[: q.slots.min_reuse_tokens]
             sources = ((r.slot, np.asarray(r.all_tokens[: r.computed_tokens], dtype=np.int32))
-                       for r in q.running if r.slot is not None and r.id not in self.admitted
+                       for r in q.running if r.slot is not None and r.id not in self.admitted and not r.lora
                        and r.computed_tokens >= len(head) and _first_tokens(r, len(head)) == head)
-        # Prompt logprobs need logits at every prompt position: no cached prefix may skip them.
-        reusable = request.all_tokens if request.params.prompt_logprobs is None else None
+        # Prompt logprobs need logits at every prompt position: no cached prefix may skip them. KV computed
+        # under a LoRA adapter is shared with no one.
+        reusable = request.all_tokens if request.params.prompt_logprobs is None and not request.lora else None
         assignment = q.slots.assign(reusable, sources)
         request.slot = assignment.slot
         request.computed_tokens = assignment.reused_tokens

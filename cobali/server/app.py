@@ -55,9 +55,12 @@ async def metrics(http: Request) -> Response:
     return Response(_context(http).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-def _model_card(server: ServerContext) -> dict:
+def _model_card(server: ServerContext, model_id: str) -> dict:
+    """The base model's card, or (vLLM's) an adapter's, whose parent is the base model."""
     engine = server.engine_thread.engine
-    card = {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "cobali"}
+    card = {"id": model_id, "object": "model", "created": server.created, "owned_by": "cobali"}
+    if model_id != server.model_name:
+        card["parent"] = server.model_name
     if engine is not None:
         card["max_model_len"] = engine.backend.info.n_ctx_seq
     return card
@@ -65,15 +68,16 @@ def _model_card(server: ServerContext) -> dict:
 
 @ops.get("/v1/models", dependencies=[Depends(require_api_key)])
 async def models(http: Request) -> dict:
-    return {"object": "list", "data": [_model_card(_context(http))]}
+    server = _context(http)
+    return {"object": "list", "data": [_model_card(server, m) for m in (server.model_name, *server.lora_names)]}
 
 
 @ops.get("/v1/models/{model_id:path}", dependencies=[Depends(require_api_key)])
 async def model(model_id: str, http: Request) -> dict:
     server = _context(http)
-    if model_id != server.model_name:
+    if not server.serves(model_id):
         raise unknown_model(model_id, server.model_name)
-    return _model_card(server)
+    return _model_card(server, model_id)
 
 
 @ops.get("/slots", dependencies=[Depends(require_api_key)])
@@ -101,7 +105,7 @@ def slot_table(engine: Engine) -> list[dict]:
 
 def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue: int | None = None,
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               chat_template: str | None = None, stream_interval: int = 1) -> FastAPI:
+               chat_template: str | None = None, stream_interval: int = 1, lora_names: tuple[str, ...] = ()) -> FastAPI:
     """The app and its engine thread, which builds the engine with `engine_factory` (loading the model).
 
     The thread starts with the app, so /health answers 503 while the model loads, and stops with it.
@@ -120,7 +124,7 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
     # the event loop's time at 256 streams, bench/sleeping_backend.py); cobali's metrics are its /metrics.
     app = FastAPI(title="cobali", lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.server = ServerContext(engine_thread, metrics, model_name, api_key, created=int(time.time()),
-                                     chat_template=chat_template)
+                                     chat_template=chat_template, lora_names=lora_names)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 

@@ -20,9 +20,13 @@ class ServerConfig:
     ray_address: str | None = None
     chat_template: str | None = None  # --chat-template: the Jinja text, used instead of the model's own
     stream_interval: int = 1  # tokens per streamed delta at most; the first text and the end never wait
+    lora_modules: tuple[tuple[str, str], ...] = ()  # --lora-modules: (model id, adapter GGUF), adapters 1, 2, ...
 
     def __post_init__(self) -> None:
         if self.stream_interval < 1:
             raise ValueError(f"--stream-interval must be at least 1, got {self.stream_interval}")
+        names = [name for name, _ in self.lora_modules]
+        if len(set(names)) < len(names) or self.served_model_name in names:
+            raise ValueError(f"--lora-modules names must differ from each other and from the served model: {names}")
         if self.replicas == 1 and self.ray_address is not None:
             raise ValueError("--ray-address needs --replicas > 1 (one replica runs in this process)")

@@ -105,8 +105,9 @@ class EngineThread:
             raise EngineUnavailable(f"the engine failed: {self.error}")
         raise EngineUnavailable("the server is shutting down")
 
-    def submit(self, prompts: list[tuple[list[int], SamplingParams]], priority: int = 0) -> Generation:
-        """Queue one engine request per (prompt tokens, params), all or none. Call from the event loop."""
+    def submit(self, prompts: list[tuple[list[int], SamplingParams]], priority: int = 0, lora: int = 0) -> Generation:
+        """Queue one engine request per (prompt tokens, params), all or none, with LoRA adapter `lora` (0: none).
+        Call from the event loop."""
         generation = Generation(asyncio.get_running_loop(), self)
         with self._lock:
             engine = self.require_engine()
@@ -120,7 +121,7 @@ class EngineThread:
             for index, (tokens, params) in enumerate(prompts):
                 on_token = partial(self._on_token, generation, index)
                 request = engine.add_request(tokens, params, on_token=on_token, arrival_time=arrival,
-                                             priority=priority, stream_interval=self.stream_interval)
+                                             priority=priority, stream_interval=self.stream_interval, lora=lora)
                 generation.add(request)
                 self._live[request.id] = generation
         self._wake.set()

@@ -25,6 +25,13 @@ def _template_file(path: str) -> str:
         raise argparse.ArgumentTypeError(f"cannot read the chat template {path!r}: {err}") from None
 
 
+def _lora_module(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not (sep and name and path):
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
+
+
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -38,6 +45,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", type=_template_file, default=None, metavar="FILE",
                         help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
     parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
+    parser.add_argument("--lora-modules", type=_lora_module, nargs="+", default=(), metavar="NAME=PATH",
+                        help="LoRA adapters (GGUF, as llama.cpp's convert_lora_to_gguf.py or `cobali synth-lora` "
+                             "write them), each served as model NAME beside the base model; a tick runs the "
+                             "requests of one adapter, and busy adapters take turns")
     parser.add_argument("--shutdown-grace", type=non_negative_float, default=30.0,
                         help="on SIGTERM, seconds in-flight requests get to finish before they are aborted")
     parser.add_argument("--stream-interval", type=positive_int, default=1, metavar="N",
@@ -53,4 +64,5 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(host=args.host, port=args.port, max_queue=args.max_queue, api_key=args.api_key,
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
                         shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address,
-                        chat_template=args.chat_template, stream_interval=args.stream_interval)
+                        chat_template=args.chat_template, stream_interval=args.stream_interval,
+                        lora_modules=tuple(args.lora_modules))

@@ -99,7 +99,7 @@ def served_engine(http: Request, model: str | None) -> Engine:
     """The engine, for a request naming this server's model. Like OpenAI, an unknown model is a 404, not
     silently served by whatever is loaded; leaving `model` out is allowed."""
     server: ServerContext = http.app.state.server
-    if model is not None and model != server.model_name:
+    if not server.serves(model):
         raise unknown_model(model, server.model_name)
     return server.engine_thread.require_engine()
 
@@ -107,7 +107,7 @@ def served_engine(http: Request, model: str | None) -> Engine:
 def submit(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]]) -> Generation:
     """The request's choices (prompts x n), queued on the engine."""
     server: ServerContext = http.app.state.server
-    return server.engine_thread.submit(_choices(engine, body, prompts), priority=body.priority)
+    return server.engine_thread.submit(_choices(engine, body, prompts), body.priority, server.lora_of(body.model))
 
 
 async def generate(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]],
@@ -118,7 +118,7 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, promp
     if generation.requests[0].params.logprobs is not None:
         logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(generation.requests),
                                  echo=echoes is not None)
-    reply = Reply(kind, server.model_name, generation, sum(map(len, prompts)), logprobs,
+    reply = Reply(kind, server.model_id(body.model), generation, sum(map(len, prompts)), logprobs,
                   None if echoes is None else [e for e in echoes for _ in range(body.n)], body.continuous_usage,
                   None if body.prompt_logprobs is None else functools.partial(
                       prompt_logprobs, token_bytes=engine.backend.token_bytes))

@@ -138,7 +138,7 @@ async def responses(body: ResponsesRequest, http: Request) -> Response:
         raise bad_request(str(err)) from None
     prompt = chat_prompt(http, engine, chat)
     generation = submit(http, engine, chat, [prompt])
-    reply = ResponseObject(body, http.app.state.server.model_name, generation, len(prompt))
+    reply = ResponseObject(body, http.app.state.server.model_id(body.model), generation, len(prompt))
     headers = ignored_fields_headers(body)
     if body.stream:
         return EventStream(_events(http, reply), headers)

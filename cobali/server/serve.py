@@ -44,8 +44,10 @@ def build_app(spec: EngineSpec, server: ServerConfig) -> FastAPI:
     model_name = server.served_model_name or Path(spec.backend.model_path or embedded_model_path()).stem
     if server.chat_template is not None:
         JinjaChatTemplate(server.chat_template)  # a template that does not compile fails here, not per request
+    if model_name in (names := tuple(name for name, _ in server.lora_modules)):
+        raise ValueError(f"--lora-modules: {model_name!r} is the base model's name")
     return create_app(spec.build_engine, model_name, server.max_queue, server.api_key, server.max_body_bytes,
-                      server.chat_template, server.stream_interval)
+                      server.chat_template, server.stream_interval, names)
 
 
 def serve(spec: EngineSpec, settings: ServerConfig) -> int:

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cobali"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # the console script: one subcommand per face
     ("ray",),  # scale-out of the serve and batch faces
-    ("run", "calibrate", "bench", "server", "batch", "sim", "synth"),  # the faces
+    ("run", "calibrate", "bench", "server", "batch", "sim", "synth", "synth_lora"),  # the faces
     ("options",),  # flags shared by the faces, and the typed configs built from them
     ("config", "runner"),  # building one engine from its configs; running a workload through it
     ("metrics", "workloads", "costs", "__init__"),  # values the faces share: timings, work items, cost profiles

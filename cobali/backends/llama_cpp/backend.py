@@ -45,7 +45,9 @@ class LlamaCppBackend:
             kv_bytes_per_token=self._kv_bytes_per_token(),
             # llama.cpp counts the outputs of sequences it samples itself only
             max_outputs_per_seq=options.max_outputs_per_seq if options.backend_sampling else 0,
+            n_loras=len(options.lora_paths),
         )
+        self._loras = [self._load_lora(path) for path in options.lora_paths]
         self._batch = OwnedBatch(self.info.n_batch)
         self.device_greedy = DeviceGreedy(self.ctx, self.info.n_seq_max) if options.backend_sampling else None
         self._pieces: dict[int, bytes] = {}
@@ -131,6 +133,18 @@ class LlamaCppBackend:
 
     def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         ll.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+
+    def use_lora(self, index: int) -> None:
+        adapters = (ll.llama_adapter_lora_p_ctypes * 1)(self._loras[index - 1]) if index else None
+        scales = (ctypes.c_float * 1)(1.0) if index else None
+        if ll.llama_set_adapters_lora(self.ctx, adapters, 1 if index else 0, scales) != 0:
+            raise RuntimeError(f"llama.cpp could not set LoRA adapter {index}")
+
+    def _load_lora(self, path: str):
+        adapter = ll.llama_adapter_lora_init(self.model, path.encode()) if os.path.isfile(path) else None
+        if not adapter:  # freed with the model
+            raise ValueError(f"could not load a LoRA adapter for this model from {path}")
+        return adapter
 
     def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         ll.llama_memory_seq_cp(self.memory, src, dst, p0, p1)

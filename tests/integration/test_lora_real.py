@@ -1,0 +1,64 @@
+"""LoRA adapters on the real model (a random adapter from `cobali synth-lora`): an adapter's requests and the
+base model's, served together, each get what they get alone, up to near-ties (cobali.bench.fidelity)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from cobali.backends.base import SamplingParams
+from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.bench.fidelity import TOP_LOGPROBS, Trace, compare_runs
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
+from cobali.synth_lora import write_random_lora
+from tests.integration.test_server_openai import running_server
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time in a small village",
+           "List three uses of a paperclip. First,"]
+
+
+@pytest.fixture(scope="module")
+def adapter(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("lora") / "random.gguf"
+    write_random_lora(model_path, str(path), rank=8, alpha=8.0, scale=0.2)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def backend(model_path: str, adapter: str) -> Iterator[LlamaCppBackend]:
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=4, n_batch=256, lora_paths=(adapter,)))
+    yield backend
+    backend.close()
+
+
+def traces(backend: LlamaCppBackend, mode: str, jobs: list[tuple[str, int]]) -> list[Trace]:
+    engine = Engine(backend, EngineConfig(mode=mode, max_slots=4, n_batch=256))
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=TOP_LOGPROBS)
+    requests = [engine.add_request(prompt, params, lora=lora) for prompt, lora in jobs]
+    engine.run_until_done()
+    return [Trace(tuple(r.output_tokens), tuple(lp.top[0][1] - lp.top[1][1] for lp in r.logprobs)) for r in requests]
+
+
+def test_adapter_and_base_requests_served_together_match_each_alone(backend: LlamaCppBackend) -> None:
+    jobs = [(p, lora) for p in PROMPTS for lora in (0, 1)]  # each prompt with and without the adapter
+    alone = traces(backend, "seq", jobs)
+    assert sum(a.tokens != b.tokens for a, b in zip(alone[::2], alone[1::2], strict=True)) >= 2  # it matters
+    report = compare_runs(alone, traces(backend, "cont", jobs))
+    assert report.passed and report.mostly_common, report.describe()
+
+
+def test_serve_routes_the_model_name_to_its_adapter(adapter: str) -> None:
+    with running_server("--max-slots", "2", "--served-model-name", "smol", "--lora-modules",
+                        f"random={adapter}") as (base, _proc):
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        models = {m.id: m for m in client.models.list().data}
+        assert set(models) == {"smol", "random"} and models["random"].model_extra["parent"] == "smol"
+        ask = {"prompt": PROMPTS[2], "max_tokens": 12, "temperature": 0, "extra_body": {"ignore_eos": True}}
+        texts = {name: client.completions.create(model=name, **ask).choices[0].text for name in ("smol", "random")}
+        assert texts["smol"] != texts["random"]
+        assert httpx.post(f"{base}/v1/completions", json={**ask, "model": "nope"}).status_code == 404
