@@ -126,10 +126,6 @@ class Plan:
         return sum(c.kind is ChunkKind.DECODE for c in self.chunks)
 
     @property
-    def n_draft_tokens(self) -> int:
-        return sum(map(len, self.drafts.values()))
-
-    @property
     def n_prefill_tokens(self) -> int:
         return sum(c.n_tokens for c in self.chunks if c.kind is ChunkKind.PREFILL)
 

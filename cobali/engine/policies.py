@@ -190,7 +190,7 @@ class AdapterTurns:
     requests of one adapter (0: the base model). Each tick the next adapter in turn, among those with rows to
     run or a request at the queue's head that a free slot could take, goes first; the scheduler tries the
     others in order when its tick would be empty. With n adapters busy each one's requests run every n-th
-    tick: their time per token grows n-fold (llama-server splits its batches by adapter the same way)."""
+    tick (llama-server splits its batches by adapter the same way); docs/results.md, "LoRA adapters"."""
 
     def order(self, tick: int, runnable: Iterable[Request], head: Request | None) -> list[int]:
         loras = {r.lora for r in runnable}

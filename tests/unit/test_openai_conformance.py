@@ -217,3 +217,6 @@ def test_prompt_logprobs_leave_echo_with_its_own_count(client: OpenAI) -> None:
     assert all(len(entry) >= 5 for entry in reply.choices[0].prompt_logprobs[1:])
     assert "prompt_logprobs" in bad_request(lambda: client.completions.create(
         model="fake-model", prompt="x", max_tokens=1, stream=True, extra_body={"prompt_logprobs": 1}))
+    for value in (-1, 21, "2"):
+        assert "prompt_logprobs" in bad_request(lambda value=value: client.completions.create(
+            model="fake-model", prompt="x", max_tokens=1, extra_body={"prompt_logprobs": value}))
