@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from cobali.options import add_engine_args, non_negative_float, non_negative_int, positive_int
 from cobali.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
@@ -29,6 +30,8 @@ def _lora_module(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not (sep and name and path):
         raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{name}: no such adapter file {path!r}")
     return name, path
 
 

@@ -141,8 +141,9 @@ def test_the_server_lists_its_adapters_and_routes_the_model_to_them(api: TestCli
 
 @pytest.mark.parametrize("flags, message", [
     (["--lora-modules", "nameonly"], "expected NAME=PATH, got 'nameonly'"),
-    (["--lora-modules", "a=/x.gguf", "a=/y.gguf"], "must differ"),
-    (["--lora-modules", "smol=/x.gguf", "--served-model-name", "smol"], "must differ"),
+    (["--lora-modules", "a=/nonexistent.gguf"], "a: no such adapter file '/nonexistent.gguf'"),
+    (["--lora-modules", "a=README.md", "a=README.md"], "must differ"),
+    (["--lora-modules", "smol=README.md", "--served-model-name", "smol"], "must differ"),
 ])
 def test_serve_names_bad_adapter_flags(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
