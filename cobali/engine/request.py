@@ -40,6 +40,8 @@ _TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
 # Stands in for a token that a decode still in flight is sampling (async scheduling, engine/overlap.py): the
 # request already counts it, so the next tick can be planned before the token is known.
 PENDING_TOKEN = -1
+# Above any vocabulary: adapter a keys token t as -(a * stride + t + 1), int32 for 8191 adapters (Request.kv_key).
+ADAPTER_KEY_STRIDE = 1 << 18
 
 
 class FinishReason(enum.Enum):
@@ -128,6 +130,16 @@ class Request:
     @property
     def all_tokens(self) -> list[int]:
         return self.prompt_tokens + self.output_tokens
+
+    def kv_key(self, n: int) -> list[int]:
+        """Its first n tokens as the prefix cache knows them. KV computed under a LoRA adapter is that adapter's
+        alone, so an adapter's tokens are keyed as negative ids, in a range of its own (the base model's keep
+        their ids): the pool's comparisons of token arrays then never match across adapters."""
+        tokens = self.all_tokens[:n]
+        if not self.lora:
+            return tokens
+        offset = self.lora * ADAPTER_KEY_STRIDE + 1
+        return [-(t + offset) for t in tokens]
 
     @property
     def n_context_tokens(self) -> int:

@@ -63,8 +63,7 @@ class Scheduler:
         if self.drafter is not None:
             self.drafter.forget(request.id)
         if request.slot is not None:
-            # A prefix computed under an adapter is no one else's: it is not kept.
-            kv_tokens = request.all_tokens[: request.computed_tokens] if keep_kv and not request.lora else None
+            kv_tokens = request.kv_key(request.computed_tokens) if keep_kv else None
             self.slots.release(request.slot, kv_tokens)
             request.slot = None
 

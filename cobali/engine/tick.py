@@ -176,12 +176,11 @@ class TickBuilder:
             # Lazily, and only the running requests whose KV starts as this prompt does: a prefix shorter
             # than min_reuse_tokens is never reused, and hundreds of running requests must not cost a copy each.
             head = request.all_tokens[: q.slots.min_reuse_tokens]
-            sources = ((r.slot, np.asarray(r.all_tokens[: r.computed_tokens], dtype=np.int32))
-                       for r in q.running if r.slot is not None and r.id not in self.admitted and not r.lora
+            sources = ((r.slot, np.asarray(r.kv_key(r.computed_tokens), dtype=np.int32))
+                       for r in q.running if r.slot is not None and r.id not in self.admitted
                        and r.computed_tokens >= len(head) and _first_tokens(r, len(head)) == head)
-        # Prompt logprobs need logits at every prompt position: no cached prefix may skip them. KV computed
-        # under a LoRA adapter is shared with no one.
-        reusable = request.all_tokens if request.params.prompt_logprobs is None and not request.lora else None
+        # Prompt logprobs need logits at every prompt position: no cached prefix may skip them.
+        reusable = request.kv_key(len(request.all_tokens)) if request.params.prompt_logprobs is None else None
         assignment = q.slots.assign(reusable, sources)
         request.slot = assignment.slot
         request.computed_tokens = assignment.reused_tokens

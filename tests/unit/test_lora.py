@@ -47,31 +47,41 @@ def test_each_request_gets_its_own_adapters_outputs_in_a_mixed_load() -> None:
     assert {t.plan.lora for t in e.ticks} == {0, 1, 2}
 
 
-def test_a_prefix_computed_under_an_adapter_is_shared_with_no_one() -> None:
+def test_a_prefix_computed_under_an_adapter_is_reused_by_that_adapter_alone() -> None:
     e = engine()
-    first = e.add_request(PROMPT, PARAMS, lora=1)
-    e.run_until_done()
-    base = e.add_request(PROMPT, PARAMS)  # the adapter's KV of this prompt must not be reused
-    e.run_until_done()
-    again = e.add_request(PROMPT, PARAMS, lora=1)  # nor the base model's, by an adapter's request
-    e.run_until_done()
-    assert first.cached_tokens == base.cached_tokens == again.cached_tokens == 0
-    assert base.output_tokens == alone(PROMPT, 0) and again.output_tokens == alone(PROMPT, 1)
-    reused = e.add_request(PROMPT, PARAMS)  # the base model's own prefix is still reused
-    e.run_until_done()
-    assert reused.cached_tokens > 0 and reused.output_tokens == base.output_tokens
+
+    def run(lora: int) -> Request:
+        request = e.add_request(PROMPT, PARAMS, lora=lora)
+        e.run_until_done()
+        assert request.output_tokens == alone(PROMPT, lora), lora
+        return request
+
+    assert run(1).cached_tokens == 0
+    assert run(0).cached_tokens == 0  # the adapter's KV of this prompt is not the base model's
+    assert run(2).cached_tokens == 0  # nor another adapter's
+    assert run(1).cached_tokens > 0  # its own adapter's, kept in a slot
+    assert run(0).cached_tokens > 0 and run(2).cached_tokens > 0
 
 
-def test_running_requests_of_another_adapter_are_not_copied_from() -> None:
+def test_running_requests_are_copied_from_by_their_own_adapter_only() -> None:
     e = engine()
     long = SamplingParams(max_tokens=40, ignore_eos=True)
     adapter = e.add_request(PROMPT, long, lora=2)
     e.step()
-    e.step()  # the adapter's request is decoding when the base one, sharing its prompt, arrives
+    e.step()  # the adapter's request is decoding when two more, sharing its prompt, arrive
     base = e.add_request(PROMPT, PARAMS)
+    same = e.add_request(PROMPT, PARAMS, lora=2)
     e.run_until_done()
     assert base.cached_tokens == 0 and base.output_tokens == alone(PROMPT, 0)
+    assert same.cached_tokens > 0 and same.output_tokens == alone(PROMPT, 2)
     assert adapter.output_tokens[:12] == alone(PROMPT, 2)
+
+
+def test_adapter_keys_never_meet_real_tokens() -> None:
+    request = Request(0, [0, 5, (1 << 18) - 1], PARAMS, lora=8191)
+    keys = request.kv_key(3)
+    assert all(-(2**31) <= k < 0 for k in keys) and len(set(keys)) == 3
+    assert Request(0, [0, 5], PARAMS).kv_key(2) == [0, 5]
 
 
 def test_adapters_take_turns_and_all_finish() -> None:
