@@ -12,6 +12,7 @@ it is a 400 rather than an output the pattern does not hold.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -111,23 +112,22 @@ class StructuredRequest(RequestBody):
 
     def structured_grammar(self, response_format_grammar: str | None) -> str | None:
         """The one grammar asked for (response_format's, already built, included); ValueError for several."""
-        grammars = {name: build() for name, build in self._sources().items()}
+        grammars = {name: build(getattr(self, name), name) for name, build in _GRAMMARS.items()
+                    if getattr(self, name) is not None}
         if response_format_grammar is not None:
             grammars["response_format"] = response_format_grammar
         if len(grammars) > 1:
-            raise ValueError(f"{' and '.join(sorted(grammars))} both constrain the output: give one")
+            raise ValueError(f"{' and '.join(sorted(grammars))} constrain the output together: give one")
         return next(iter(grammars.values()), None)
 
-    def _sources(self) -> dict[str, Any]:
-        """The constraints given, each as a function that builds its grammar (or refuses it)."""
-        sources = {
-            "structured_outputs": self.structured_outputs and self.structured_outputs.to_grammar,
-            "guided_choice": self.guided_choice is not None and (lambda: choice_grammar(self.guided_choice)),
-            "guided_json": self.guided_json is not None and (lambda: schema_grammar(self.guided_json, "guided_json")),
-            "guided_grammar": self.guided_grammar is not None and (
-                lambda: raw_grammar(self.guided_grammar, "guided_grammar")),
-            "guided_regex": self.guided_regex is not None and (lambda: no_regex("guided_regex")),
-            "grammar": self.grammar is not None and (lambda: raw_grammar(self.grammar, "grammar")),
-            "json_schema": self.json_schema is not None and (lambda: schema_grammar(self.json_schema, "json_schema")),
-        }
-        return {name: build for name, build in sources.items() if build}
+
+# Each field's grammar, from its value and its name (for the error that refuses it).
+_GRAMMARS: dict[str, Callable[[Any, str], str]] = {
+    "structured_outputs": lambda value, _name: value.to_grammar(),
+    "guided_choice": lambda value, _name: choice_grammar(value),
+    "guided_json": schema_grammar,
+    "guided_grammar": raw_grammar,
+    "guided_regex": lambda _value, name: no_regex(name),
+    "grammar": raw_grammar,
+    "json_schema": schema_grammar,
+}
