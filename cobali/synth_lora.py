@@ -19,28 +19,23 @@ def write_random_lora(model_path: str, out: str, rank: int = 8, alpha: float = 8
                       targets: tuple[str, ...] = DEFAULT_TARGETS, seed: int = 0) -> int:
     """Write the adapter; returns how many weights it adapts. ValueError when the model has none of `targets`."""
     reader = gguf.GGUFReader(model_path)
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    writer = gguf.GGUFWriter(out, arch)
+    adapted = [t for t in reader.tensors if any(t.name.endswith(f"{name}.weight") for name in targets)]
+    if not adapted:
+        raise ValueError(f"{model_path} has no weights named like {', '.join(targets)}")
+    writer = gguf.GGUFWriter(out, bytes(reader.fields["general.architecture"].parts[-1]).decode())
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", alpha)
     rng = np.random.default_rng(seed)
-    adapted = 0
-    for tensor in reader.tensors:
-        if not any(tensor.name.endswith(f"{t}.weight") for t in targets):
-            continue
+    for tensor in adapted:
         n_in, n_out = int(tensor.shape[0]), int(tensor.shape[1])  # GGUF lists ggml's order: columns first
         writer.add_tensor(f"{tensor.name}.lora_a", (rng.standard_normal((rank, n_in)) * scale).astype(np.float32))
         writer.add_tensor(f"{tensor.name}.lora_b", (rng.standard_normal((n_out, rank)) * scale).astype(np.float32))
-        adapted += 1
-    if not adapted:
-        writer.close()
-        raise ValueError(f"{model_path} has no weights named like {', '.join(targets)}")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return adapted
+    return len(adapted)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
