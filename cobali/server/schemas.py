@@ -15,7 +15,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from cobali.backends.base import MAX_LOGPROBS, SamplingParams
 from cobali.server.bodies import Body, one_of, text_batch
-from cobali.server.grammar import JSON_OBJECT_GRAMMAR, check_json_schema, json_schema_grammar
+from cobali.server.grammar import check_json_schema
+from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
 from cobali.server.structured import StructuredRequest
 
 # Choices per HTTP request (prompts x n): each is an engine request holding a slot, and one client should

@@ -1,12 +1,12 @@
 """Structured outputs as vLLM and llama-server spell them, beside OpenAI's response_format.
 
-- vLLM: `structured_outputs` with one of `choice`, `json`, `grammar`, `json_object` (`regex` is refused), and
-  its older top-level extras `guided_choice`, `guided_json`, `guided_grammar`, `guided_regex` (refused);
+- vLLM: `structured_outputs` with one of `choice`, `json`, `regex`, `grammar`, `json_object`, and its older
+  top-level extras `guided_choice`, `guided_json`, `guided_regex`, `guided_grammar`;
 - llama-server: top-level `grammar` (GBNF) and `json_schema`.
 
 Each becomes a llama.cpp GBNF grammar for the request's sampler chain. At most one may be given: two would
-constrain the output in ways the client cannot have meant together. `regex` has no GBNF translation here, so
-it is a 400 rather than an output the pattern does not hold.
+constrain the output in ways the client cannot have meant together. A regex the grammar cannot express
+(regex_grammar.py: lookarounds, backreferences, ...) is a 400 naming it, never an output it does not hold.
 """
 
 from __future__ import annotations
@@ -18,28 +18,12 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from cobali.server.bodies import Body, RequestBody
-from cobali.server.grammar import JSON_OBJECT_GRAMMAR, check_json_schema, json_schema_grammar
+from cobali.server.gbnf import gbnf_literal
+from cobali.server.grammar import check_json_schema
+from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
+from cobali.server.regex_grammar import regex_grammar
 
 MAX_CHOICES = 256  # alternatives of a choice; each is one literal of the grammar
-
-
-def gbnf_literal(text: str) -> str:
-    """A GBNF string literal matching exactly `text` (llama.cpp's escapes: \\\\, \\", \\n, \\r, \\t, \\xHH,
-    \\uHHHH, \\UHHHHHHHH)."""
-    out = []
-    for char in text:
-        code = ord(char)
-        if char in '"\\':
-            out.append("\\" + char)
-        elif 0x20 <= code < 0x7F:
-            out.append(char)
-        elif code <= 0xFF:
-            out.append(f"\\x{code:02X}")
-        elif code <= 0xFFFF:
-            out.append(f"\\u{code:04X}")
-        else:
-            out.append(f"\\U{code:08X}")
-    return '"' + "".join(out) + '"'
 
 
 def choice_grammar(choices: list[str]) -> str:
@@ -65,9 +49,11 @@ def raw_grammar(grammar: str, name: str) -> str:
     return grammar  # compiled by llama.cpp when the request is checked: a bad one is a 400 then
 
 
-def no_regex(name: str) -> str:
-    raise ValueError(f"{name} is not supported by this server: regular expressions have no GBNF translation "
-                     "here (use a grammar or a choice)")
+def pattern_grammar(pattern: str, name: str) -> str:
+    try:
+        return regex_grammar(pattern)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
 
 
 class StructuredOutputs(Body):
@@ -84,7 +70,7 @@ class StructuredOutputs(Body):
         given = [k for k in ("choice", "json_schema", "grammar", "regex", "json_object")
                  if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError("structured_outputs needs exactly one of choice, json, grammar, json_object")
+            raise ValueError("structured_outputs needs exactly one of choice, json, regex, grammar, json_object")
         return self
 
     def to_grammar(self) -> str:
@@ -95,7 +81,7 @@ class StructuredOutputs(Body):
         if self.grammar is not None:
             return raw_grammar(self.grammar, "structured_outputs.grammar")
         if self.regex is not None:
-            return no_regex("structured_outputs.regex")
+            return pattern_grammar(self.regex, "structured_outputs.regex")
         return JSON_OBJECT_GRAMMAR
 
 
@@ -127,7 +113,7 @@ _GRAMMARS: dict[str, Callable[[Any, str], str]] = {
     "guided_choice": lambda value, _name: choice_grammar(value),
     "guided_json": schema_grammar,
     "guided_grammar": raw_grammar,
-    "guided_regex": lambda _value, name: no_regex(name),
+    "guided_regex": pattern_grammar,
     "grammar": raw_grammar,
     "json_schema": schema_grammar,
 }

@@ -7,6 +7,7 @@ when it competes for cores (measured: 55 tok/s with one thread, ~1 tok/s with tw
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -17,9 +18,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import openai
+import pydantic
 import pytest
 from openai import OpenAI
 
@@ -27,6 +30,7 @@ from tests.unit.test_reliability import soak_module
 
 COBALI = str(Path(sys.executable).with_name("cobali"))
 PROMPT = "The capital of France is"
+PHONE = r"\(\d{3}\) \d{3}-\d{4}"
 
 
 @contextmanager
@@ -125,7 +129,8 @@ def test_stop_strings_are_honoured(client: OpenAI) -> None:
 
 def test_json_schema_output_parses(client: OpenAI) -> None:
     schema = {"type": "object",
-              "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}}}
+              "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}},
+              "required": ["ok", "color"]}
     reply = client.chat.completions.create(
         model="smol", messages=[{"role": "user", "content": "Answer in JSON."}], max_tokens=32, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
@@ -157,8 +162,35 @@ def test_a_choice_constrains_the_answer(client: OpenAI, extra: dict) -> None:
     assert reply.choices[0].message.content in ("positive", "negative", "neutral")
 
 
+@pytest.mark.parametrize("extra", [{"guided_regex": PHONE}, {"structured_outputs": {"regex": PHONE}}],
+                         ids=["vllm-guided", "vllm-structured"])
+def test_a_regex_shapes_the_answer(client: OpenAI, extra: dict) -> None:
+    reply = client.completions.create(model="smol", prompt="Call me at", max_tokens=32, temperature=1.0, seed=5,
+                                      extra_body=extra).choices[0]
+    assert reply.finish_reason == "stop" and re.fullmatch(PHONE, reply.text), reply.text
+
+
+class Pet(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=12)
+    kind: Literal["cat", "dog"]
+
+
+class Owner(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=12)
+    pets: list[Pet] = pydantic.Field(max_length=2)
+
+
+def test_the_openai_clients_parse_gets_its_pydantic_model(client: OpenAI) -> None:
+    """`parse` sends a strict schema with $defs and $refs; the grammar holds it, so the reply always parses."""
+    for seed in (1, 2):
+        reply = client.chat.completions.parse(
+            model="smol", messages=[{"role": "user", "content": "Describe a pet owner."}], max_tokens=200,
+            temperature=1.0, seed=seed, response_format=Owner).choices[0]
+        assert reply.finish_reason == "stop" and isinstance(reply.message.parsed, Owner), reply.message.content
+
+
 def test_llama_server_json_schema_field(client: OpenAI) -> None:
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     reply = client.completions.create(model="smol", prompt="JSON:", max_tokens=16, temperature=0,
                                       extra_body={"json_schema": schema})
     assert isinstance(json.loads(reply.choices[0].text)["ok"], bool)

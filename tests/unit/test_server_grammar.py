@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from cobali.server.grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
+from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
 
 _LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
 
@@ -41,7 +41,8 @@ def test_json_object_grammar_roots_at_object() -> None:
     {"type": ["string", "null"]},
     {"anyOf": [{"type": "boolean"}, {"const": 3}]},
     {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}}}},
-    {"$ref": "#/defs/x"},
+    {"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"},
+    {"type": "object", "properties": {"child": {"$ref": "#"}, "n": {"type": "integer"}}, "required": ["n"]},
     True,
     {},
 ])
@@ -49,10 +50,17 @@ def test_schema_grammars_are_closed(schema: object) -> None:
     assert_closed(json_schema_grammar(schema))
 
 
+def root_body(grammar: str) -> str:
+    """The root's expression: the document's own rule (ref0), or root's body when that is a plain rule name."""
+    defined = rules(grammar)
+    return defined["ref0"].strip() if defined["root"].strip() == "ref0" else defined["root"].strip()
+
+
 def test_object_properties_in_schema_order_with_escaped_keys() -> None:
     grammar = json_schema_grammar({"type": "object", "properties": {'say "hi"': {"type": "boolean"},
-                                                                     "n": {"type": "null"}}})
-    body = rules(grammar)["schema0"]
+                                                                     "n": {"type": "null"}},
+                                   "required": ['say "hi"', "n"]})
+    body = rules(grammar)[root_body(grammar)]
     # The key is emitted as its JSON text, "say \"hi\"", inside a GBNF literal.
     assert r'"\"say \\\"hi\\\"\""' in body
     assert body.index("boolean") < body.index("null")
@@ -60,10 +68,16 @@ def test_object_properties_in_schema_order_with_escaped_keys() -> None:
 
 def test_enum_and_const_are_literal_json() -> None:
     grammar = json_schema_grammar({"enum": ["red", 1, None]})
-    assert rules(grammar)["root"].strip() == r'( "\"red\"" | "1" | "null" ) ws'
-    assert rules(json_schema_grammar({"const": True}))["root"].strip() == '"true" ws'
+    assert root_body(grammar) == r'( "\"red\"" | "1" | "null" ) ws'
+    assert root_body(json_schema_grammar({"const": True})) == '"true" ws'
 
 
 def test_unsupported_keywords_fall_back_to_any_value() -> None:
-    assert rules(json_schema_grammar({"$ref": "#/x"}))["root"].strip() == "value"
-    assert rules(json_schema_grammar({"type": "object"}))["root"].strip() == "object"
+    assert root_body(json_schema_grammar({"$ref": "https://example.com/s.json"})) == "value"
+    assert root_body(json_schema_grammar({"type": "object"})) == "object"
+    assert root_body(json_schema_grammar({"type": "string", "pattern": "(?=x)"})) == "string"
+
+
+def test_a_reference_to_nothing_is_refused() -> None:
+    with pytest.raises(ValueError, match="points at nothing"):
+        json_schema_grammar({"$ref": "#/$defs/missing"})

@@ -9,9 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cobali.server.app import create_app
-from cobali.server.grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
+from cobali.server.gbnf import gbnf_literal
+from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
+from cobali.server.regex_grammar import regex_grammar
 from cobali.server.schemas import CompletionRequest, ModelLimits
-from cobali.server.structured import choice_grammar, gbnf_literal
+from cobali.server.structured import choice_grammar
 from tests.unit.test_server_api import N_CTX_SEQ, fake_engine, wait_healthy
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
@@ -39,6 +41,8 @@ def test_literals_escape_what_gbnf_would_read_otherwise() -> None:
     ({"guided_grammar": 'root ::= "a"'}, 'root ::= "a"'),
     ({"structured_outputs": {"grammar": 'root ::= "a"'}}, 'root ::= "a"'),
     ({"grammar": 'root ::= "a"'}, 'root ::= "a"'),
+    ({"guided_regex": "[0-9]+"}, regex_grammar("[0-9]+")),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, regex_grammar("[0-9]+")),
     ({"response_format": {"type": "json_object"}}, JSON_OBJECT_GRAMMAR),
     ({}, None),
 ])
@@ -58,8 +62,9 @@ def api() -> Iterator[TestClient]:
     ({"grammar": 'root ::= "a"', "guided_json": SCHEMA}, "grammar and guided_json"),
     ({"structured_outputs": {"choice": ["a"], "grammar": 'root ::= "a"'}}, "exactly one of"),
     ({"structured_outputs": {}}, "exactly one of"),
-    ({"structured_outputs": {"regex": "[0-9]+"}}, "structured_outputs.regex is not supported"),
-    ({"guided_regex": "[0-9]+"}, "guided_regex is not supported"),
+    ({"structured_outputs": {"regex": "(?=a)b"}}, "structured_outputs.regex: regex '(?=a)b': lookahead"),
+    ({"guided_regex": r"(a)\1"}, "guided_regex: regex '(a)\\\\1': backreference"),
+    ({"guided_regex": "a{3,2}"}, "repeat 3 exceeds its maximum 2"),
     ({"guided_choice": []}, "choice must be 1 to 256 non-empty strings"),
     ({"guided_choice": ["a", ""]}, "choice must be 1 to 256 non-empty strings"),
     ({"guided_json": "{not json"}, "guided_json is not valid JSON"),
