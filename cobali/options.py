@@ -134,7 +134,8 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
                         tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
                         async_scheduling=args.async_scheduling, spec=SpecConfig(
                             args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max,
-                            args.speculative_max_batch), **overrides)
+                            args.speculative_max_batch),
+                        lora_updates=getattr(args, "allow_runtime_lora_updating", False), **overrides)
 
 
 def engine_spec(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineSpec:

@@ -116,7 +116,7 @@ class BackendInfo:
     kv_bytes_per_token: int = 0
     # Most output rows one sequence may have in a decode (speculative decoding feeds 1 + its guesses); 0: any.
     max_outputs_per_seq: int = 0
-    n_loras: int = 0  # LoRA adapters loaded with the model (Backend.use_lora 1..n_loras; 0: the base model)
+    n_loras: int = 0  # LoRA adapters loaded with the model: indices 1..n_loras (more may come: Backend.load_lora)
 
 
 @dataclass(frozen=True)
@@ -188,8 +188,17 @@ class Backend(Protocol):
         ...
 
     def use_lora(self, index: int) -> None:
-        """Decode with LoRA adapter `index` (1..info.n_loras) from the next decode on, 0: the base model alone.
-        An adapter applies to every row of a decode (llama.cpp sets adapters per context)."""
+        """Decode with loaded LoRA adapter `index` from the next decode on, 0: the base model alone. An adapter
+        applies to every row of a decode (llama.cpp sets adapters per context)."""
+        ...
+
+    def load_lora(self, path: str) -> int:
+        """Load a LoRA adapter from a file; its index, one never used before (those loaded with the model are
+        1..info.n_loras). ValueError naming the path when it is not an adapter for this model."""
+        ...
+
+    def unload_lora(self, index: int) -> None:
+        """Free a loaded adapter (the base model is used from then on if it was in use)."""
         ...
 
     def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...

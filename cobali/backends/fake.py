@@ -7,6 +7,7 @@ a row whose position is not the next free position of its sequence is a schedule
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +60,8 @@ class FakeBackend:
             kv_bytes_per_token=self.kv_bytes_per_token, n_loras=self.n_loras,
         )
         self.lora = 0
+        self.loras: dict[int, str] = {i: f"adapter {i}" for i in range(1, self.n_loras + 1)}  # index -> path
+        self._next_lora = self.n_loras + 1
         self.kv: dict[int, list[int]] = {s: [] for s in range(self.n_seq_max)}
         self.last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)
         self._arrays = BatchArrays.zeros(self.n_batch)
@@ -106,8 +109,20 @@ class FakeBackend:
         return all(len(v) <= self.n_ctx_seq for v in kv.values())
 
     def use_lora(self, index: int) -> None:
-        assert 0 <= index <= self.n_loras
+        assert index == 0 or index in self.loras, index
         self.lora = index
+
+    def load_lora(self, path: str) -> int:
+        if not os.path.isfile(path):
+            raise ValueError(f"could not load a LoRA adapter for this model from {path}")
+        index, self._next_lora = self._next_lora, self._next_lora + 1
+        self.loras[index] = path
+        return index
+
+    def unload_lora(self, index: int) -> None:
+        del self.loras[index]
+        if self.lora == index:
+            self.lora = 0
 
     def _logits_after(self, history: list[int]) -> np.ndarray:
         target = (sum(history[-3:]) * 7 + len(history) * 13 + 7 * self.lora) % self.n_vocab

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cobali.backends.base import Backend, DecodeError, SamplingParams
+from cobali.engine.adapters import Adapters
 from cobali.engine.batch_fill import Filled, fill_batch, record_all_prompt_logprobs
 from cobali.engine.budget import tick_budget
 from cobali.engine.costfit import CostCoefficients
@@ -46,15 +47,16 @@ class Engine(Driving):
         self.slots = SlotPool(backend.info, config.max_slots, config.prefix_cache, compact=config.compact_slots,
                               host_mib=config.host_cache_mib)
         self.kv_runner = KvRunner(backend)
+        self.requests: dict[int, Request] = {}
+        self.adapters = Adapters(backend, self.requests, config.lora_updates)
         self.scheduler = Scheduler(
             self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
             batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
             budget=tick_budget(config, costs, backend.info.prefill_tile), prefill_tile=backend.info.prefill_tile,
-            drafter=NgramDrafter(config.spec) if config.spec.enabled else None, n_loras=backend.info.n_loras,
+            drafter=NgramDrafter(config.spec) if config.spec.enabled else None, adapters=self.adapters.enabled,
         )
         self.sampler = RowSampler(backend, np.flatnonzero(backend.eog_mask()))
         self._eog_ids = frozenset(self.sampler.eog_ids.tolist())
-        self.requests: dict[int, Request] = {}
         self.ticks: list[TickRecord] = []
         self.on_tick: Callable[[TickRecord], None] | None = None
         # After a decode's tokens were streamed, on the thread that streamed them (async scheduling: the host's).
@@ -70,9 +72,6 @@ class Engine(Driving):
         self._aborts: deque[int] = deque()
         self._batch = backend.batch_arrays()  # filled in place: decode reads these very arrays
         self._pipeline = Pipeline(self) if config.async_scheduling else None
-        # The adapter the backend decodes with; unknown at first with adapters loaded (an engine before this one
-        # on the same backend may have left one set).
-        self._lora: int | None = None if backend.info.n_loras else 0
 
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
         tokens = self.backend.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -92,8 +91,7 @@ class Engine(Driving):
         """Queue a request; thread-safe. Raises ValueError for a prompt that can never run. on_token gets the new
         text every stream_interval tokens (the first text at once), and at the end. lora: its adapter, 0: none."""
         params = params or SamplingParams()
-        if not 0 <= lora <= self.backend.info.n_loras:
-            raise ValueError(f"LoRA adapter {lora} is not loaded (adapters 1..{self.backend.info.n_loras})")
+        self.adapters.check(lora)
         request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority, lora=lora,
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
         self.requests[request.id] = request
@@ -133,9 +131,7 @@ class Engine(Driving):
             self.fail_unrunnable_head(start)
             return None
         filled = fill_batch(self._batch, plan.rows, self.requests, start, plan.drafts)
-        if plan.lora != self._lora:
-            self._lora = plan.lora
-            self.backend.use_lora(plan.lora)
+        self.adapters.use(plan.lora)
         n = filled.n_rows
         n_running, n_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         decode_start = self.clock()
@@ -284,6 +280,7 @@ class Engine(Driving):
         self.n_cut += request.drop_pending_tokens()
         request.finish(reason, now, error)
         del self.requests[request.id]
+        self.adapters.release(request.lora)
         self._n_logprobs -= request.params.logprobs is not None
         self.scheduler.remove(request, keep_kv=reason in (FinishReason.STOP, FinishReason.LENGTH))
         self.sampler.forget(request.id)

@@ -37,6 +37,7 @@ class EngineConfig:
     # the host's cores idle (a GPU); on a CPU backend the host work would compete with the kernels' threads.
     async_scheduling: bool = False
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding by prompt lookup (off by default)
+    lora_updates: bool = False  # LoRA adapters may be loaded while serving (Engine.adapters)
 
     def __post_init__(self) -> None:
         admission_for_mode(self.mode, self.prefill_chunk_tokens)
@@ -55,6 +56,8 @@ class EngineConfig:
             # request's KV ends.
             raise ValueError("speculative decoding (num_speculative_tokens > 0) cannot be combined with "
                              "async scheduling")
+        if self.lora_updates and self.async_scheduling:
+            raise ValueError("LoRA adapters cannot be combined with async scheduling")
 
     def check_backend(self, info: BackendInfo) -> None:
         """What these settings ask of the backend an engine runs them on: ValueError if it cannot."""

@@ -30,7 +30,7 @@ class Scheduler:
     def __init__(self, slots: SlotPool, admission: AdmissionPolicy, n_batch: int,
                  batch: BatchPolicy | None = None, kv: KvPolicy | None = None,
                  queue: WaitQueue | None = None, budget: TickBudget | None = None, prefill_tile: int = 1,
-                 drafter: Drafter | None = None, n_loras: int = 0) -> None:
+                 drafter: Drafter | None = None, adapters: bool = False) -> None:
         if n_batch < slots.max_slots:
             raise ValueError(f"n_batch ({n_batch}) must be >= max_slots ({slots.max_slots}) so decodes fit")
         self.slots = slots
@@ -43,7 +43,7 @@ class Scheduler:
         self.waiting = queue if queue is not None else WaitQueue()
         self.budget = budget or FixedBudget(n_batch)
         self.drafter = drafter  # guesses tokens for greedy decodes (engine/spec.py); None: no speculation
-        self.adapters = AdapterTurns() if n_loras else None  # None: every request runs on the base model
+        self.adapters = AdapterTurns() if adapters else None  # None: every request runs on the base model
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self._queues = TickQueues(slots, self.waiting, self.running, admission, n_batch, prefill_tile)
         self.tick = 0

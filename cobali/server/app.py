@@ -13,14 +13,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from cobali.engine.engine import Engine
-from cobali.server import chat, embeddings, openai_routes, responses, tokenizer_routes
+from cobali.server import chat, embeddings, lora_routes, openai_routes, responses, tokenizer_routes
 from cobali.server.config import DEFAULT_MAX_BODY_BYTES
 from cobali.server.engine_thread import EngineThread, QueueFull
 from cobali.server.errors import APIError, install_error_handlers, unavailable, unknown_model
 from cobali.server.generation import EngineUnavailable
 from cobali.server.limits import BodyLimit
 from cobali.server.metrics import ServerMetrics
-from cobali.server.state import ServerContext
+from cobali.server.state import LoraNames, ServerContext
 
 ops = APIRouter()
 
@@ -69,7 +69,7 @@ def _model_card(server: ServerContext, model_id: str) -> dict:
 @ops.get("/v1/models", dependencies=[Depends(require_api_key)])
 async def models(http: Request) -> dict:
     server = _context(http)
-    return {"object": "list", "data": [_model_card(server, m) for m in (server.model_name, *server.lora_names)]}
+    return {"object": "list", "data": [_model_card(server, m) for m in (server.model_name, *server.loras.names())]}
 
 
 @ops.get("/v1/models/{model_id:path}", dependencies=[Depends(require_api_key)])
@@ -105,10 +105,12 @@ def slot_table(engine: Engine) -> list[dict]:
 
 def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue: int | None = None,
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               chat_template: str | None = None, stream_interval: int = 1, lora_names: tuple[str, ...] = ()) -> FastAPI:
+               chat_template: str | None = None, stream_interval: int = 1, lora_names: tuple[str, ...] = (),
+               runtime_lora: bool = False) -> FastAPI:
     """The app and its engine thread, which builds the engine with `engine_factory` (loading the model).
 
     The thread starts with the app, so /health answers 503 while the model loads, and stops with it.
+    lora_names: the adapters loaded with the model; runtime_lora: vLLM's load/unload routes are served.
     """
     metrics = ServerMetrics()
     engine_thread = EngineThread(engine_factory, max_queue=max_queue, observer=metrics,
@@ -124,7 +126,7 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
     # the event loop's time at 256 streams, bench/sleeping_backend.py); cobali's metrics are its /metrics.
     app = FastAPI(title="cobali", lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.server = ServerContext(engine_thread, metrics, model_name, api_key, created=int(time.time()),
-                                     chat_template=chat_template, lora_names=lora_names)
+                                     chat_template=chat_template, loras=LoraNames(lora_names))
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
@@ -137,6 +139,6 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
         return APIError(429, str(err), "rate_limit_error", code="queue_full").response()
 
     app.include_router(ops)
-    for routes in (openai_routes, chat, embeddings, responses, tokenizer_routes):
+    for routes in (openai_routes, chat, embeddings, responses, tokenizer_routes, *[lora_routes] * runtime_lora):
         app.include_router(routes.router, dependencies=[Depends(require_api_key)])
     return app

@@ -21,6 +21,7 @@ class ServerConfig:
     chat_template: str | None = None  # --chat-template: the Jinja text, used instead of the model's own
     stream_interval: int = 1  # tokens per streamed delta at most; the first text and the end never wait
     lora_modules: tuple[tuple[str, str], ...] = ()  # --lora-modules: (model id, adapter GGUF), adapters 1, 2, ...
+    runtime_lora: bool = False  # --allow-runtime-lora-updating: vLLM's load/unload routes
 
     def __post_init__(self) -> None:
         if self.stream_interval < 1:
@@ -28,5 +29,7 @@ class ServerConfig:
         names = [name for name, _ in self.lora_modules]
         if len(set(names)) < len(names) or self.served_model_name in names:
             raise ValueError(f"--lora-modules names must differ from each other and from the served model: {names}")
+        if self.runtime_lora and self.replicas > 1:
+            raise ValueError("--allow-runtime-lora-updating loads an adapter into one engine: not with --replicas")
         if self.replicas == 1 and self.ray_address is not None:
             raise ValueError("--ray-address needs --replicas > 1 (one replica runs in this process)")

@@ -16,14 +16,16 @@ reports unhealthy instead of leaving clients hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import gc
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
@@ -72,6 +74,7 @@ class EngineThread:
         self._lock = threading.Lock()  # guards _live between the loop thread and the engine thread
         self._live: dict[int, Generation] = {}
         self._outbox: list[tuple[Generation, Delta]] = []  # this tick's deltas (engine thread only)
+        self._calls: deque[tuple[Callable[[Engine], Any], asyncio.Future]] = deque()  # see call()
         self._abort_at: float | None = None  # end of the drain's grace period
         self._thread = threading.Thread(target=self._run, name="cobali-engine", daemon=True)
 
@@ -127,6 +130,16 @@ class EngineThread:
         self._wake.set()
         return generation
 
+    def call(self, work: Callable[[Engine], Any]) -> asyncio.Future:
+        """Run work(engine) on the engine thread between two ticks (the backend is that thread's alone); the
+        future gets its result or its exception. Call from the event loop."""
+        future = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self.require_engine()
+            self._calls.append((work, future))
+        self._wake.set()
+        return future
+
     def abort(self, request_id: int) -> None:
         if self.engine is not None:
             self.engine.abort(request_id)
@@ -161,6 +174,7 @@ class EngineThread:
         idle_since: float | None = None
         while self.state is not EngineState.STOPPED:
             self._wake.clear()  # before the check, so a submit racing with it still wakes the wait
+            self._run_calls(engine)
             if self._abort_at is not None and time.monotonic() >= self._abort_at:
                 self._abort_at = None
                 self._abort_live(engine)
@@ -178,6 +192,15 @@ class EngineThread:
             elif not engine.save_a_cached_prefix():
                 self._wake.wait(self.idle_wait_s)
 
+    def _run_calls(self, engine: Engine) -> None:
+        while self._calls:
+            work, future = self._calls.popleft()
+            try:
+                outcome: tuple[Any, BaseException | None] = (work(engine), None)
+            except Exception as err:  # the caller's to report (a bad adapter file is a 400)
+                outcome = (None, err)
+            _settle_soon(future, *outcome)
+
     def _abort_live(self, engine: Engine) -> None:
         with self._lock:
             ids = list(self._live)
@@ -185,6 +208,7 @@ class EngineThread:
             engine.abort(request_id)
 
     def _abort_all(self, engine: Engine) -> None:
+        self._fail_calls("the server is shutting down")
         self._abort_live(engine)
         self._tick(engine)  # takes the aborts: slots freed, clients get their final (abort) delta
 
@@ -215,10 +239,17 @@ class EngineThread:
             self.state = EngineState.FAILED
             pending = set(self._live.values())
             self._live.clear()
+        self._fail_calls(f"the engine failed: {message}")
         for generation in pending:
             generation.push(Failure(f"the engine failed: {message}"))
         if loading and self.on_load_failed is not None:
             self.on_load_failed(message)
+
+    def _fail_calls(self, message: str) -> None:
+        with self._lock:  # with call()'s check under the lock, no call is left waiting after this
+            calls, self._calls = list(self._calls), deque()
+        for _, future in calls:
+            _settle_soon(future, None, EngineUnavailable(message))
 
     def _on_token(self, generation: Generation, index: int, request: Request, delta: str, n_tokens: int) -> None:
         finished = request.is_finished
@@ -238,6 +269,20 @@ def settle_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+
+
+def _settle_soon(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """From any thread: the future's outcome, set on its event loop (unless it was cancelled meanwhile)."""
+    def settle() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+        future.get_loop().call_soon_threadsafe(settle)
 
 
 def _deliver(items: list[tuple[Generation, Delta]]) -> None:

@@ -52,6 +52,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="LoRA adapters (GGUF, as llama.cpp's convert_lora_to_gguf.py or `cobali synth-lora` "
                              "write them), each served as model NAME beside the base model; a tick runs the "
                              "requests of one adapter, and busy adapters take turns")
+    parser.add_argument("--allow-runtime-lora-updating", action="store_true",
+                        default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                        help="serve vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (clients then "
+                             "name adapter files on this machine); default from VLLM_ALLOW_RUNTIME_LORA_UPDATING")
     parser.add_argument("--shutdown-grace", type=non_negative_float, default=30.0,
                         help="on SIGTERM, seconds in-flight requests get to finish before they are aborted")
     parser.add_argument("--stream-interval", type=positive_int, default=1, metavar="N",
@@ -68,4 +72,4 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
                         shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address,
                         chat_template=args.chat_template, stream_interval=args.stream_interval,
-                        lora_modules=tuple(args.lora_modules))
+                        lora_modules=tuple(args.lora_modules), runtime_lora=args.allow_runtime_lora_updating)

@@ -47,7 +47,7 @@ def build_app(spec: EngineSpec, server: ServerConfig) -> FastAPI:
     if model_name in (names := tuple(name for name, _ in server.lora_modules)):
         raise ValueError(f"--lora-modules: {model_name!r} is the base model's name")
     return create_app(spec.build_engine, model_name, server.max_queue, server.api_key, server.max_body_bytes,
-                      server.chat_template, server.stream_interval, names)
+                      server.chat_template, server.stream_interval, names, server.runtime_lora)
 
 
 def serve(spec: EngineSpec, settings: ServerConfig) -> int:

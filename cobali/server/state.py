@@ -6,7 +6,23 @@ import asyncio
 from dataclasses import dataclass, field
 
 from cobali.server.engine_thread import EngineThread
+from cobali.server.errors import unknown_model
 from cobali.server.metrics import ServerMetrics
+
+
+class LoraNames:
+    """Model ids served with LoRA adapters, and their engine adapter indices. Read and written on the event
+    loop only; a name being loaded is reserved, so two loads of one name cannot both go ahead."""
+
+    def __init__(self, names: tuple[str, ...] = ()) -> None:
+        self.index: dict[str, int] = {name: i for i, name in enumerate(names, 1)}  # --lora-modules: 1, 2, ...
+        self.reserved: set[str] = set()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.index
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.index)
 
 
 @dataclass(frozen=True)
@@ -18,16 +34,19 @@ class ServerContext:
     created: int = 0  # unix time the server started, for /v1/models
     chat_template: str | None = None  # --chat-template: Jinja text used instead of the model's own
     embedding_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one embeddings call at a time
-    lora_names: tuple[str, ...] = ()  # --lora-modules: model ids served with LoRA adapters 1, 2, ...
+    loras: LoraNames = field(default_factory=LoraNames)
 
     def serves(self, model: str | None) -> bool:
         """A request may name the base model, one of its adapters, or none."""
-        return model is None or model == self.model_name or model in self.lora_names
+        return model is None or model == self.model_name or model in self.loras
 
     def lora_of(self, model: str | None) -> int:
-        """The adapter a model id runs with: 0 for the base model."""
-        return self.lora_names.index(model) + 1 if model in self.lora_names else 0
+        """The adapter a model id runs with: 0 for the base model. A 404 for a model not served (any more: an
+        adapter may be unloaded while its request was being read)."""
+        if not self.serves(model):
+            raise unknown_model(str(model), self.model_name)
+        return self.loras.index.get(model, 0) if model is not None else 0
 
     def model_id(self, model: str | None) -> str:
         """The model id replies name: the adapter asked for, else the base model."""
-        return model if model in self.lora_names else self.model_name
+        return model if model in self.loras else self.model_name

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
 from openai import OpenAI
 
@@ -52,16 +53,61 @@ def test_adapter_and_base_requests_served_together_match_each_alone(backend: Lla
     assert report.passed and report.mostly_common, report.describe()
 
 
+def texts(client: OpenAI, model: str) -> list[str]:
+    """Greedy texts of PROMPTS, in order."""
+    reply = client.completions.create(model=model, prompt=PROMPTS, max_tokens=12, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    return [c.text for c in sorted(reply.choices, key=lambda c: c.index)]
+
+
 def test_serve_routes_the_model_name_to_its_adapter(adapter: str) -> None:
     with running_server("--max-slots", "2", "--served-model-name", "smol", "--lora-modules",
                         f"random={adapter}") as (base, _proc):
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
         models = {m.id: m for m in client.models.list().data}
         assert set(models) == {"smol", "random"} and models["random"].model_extra["parent"] == "smol"
-        ask = {"prompt": PROMPTS, "max_tokens": 12, "temperature": 0, "extra_body": {"ignore_eos": True}}
-        texts = {name: [c.text for c in sorted(client.completions.create(model=name, **ask).choices,
-                                               key=lambda c: c.index)] for name in ("smol", "random")}
         # Routed to the adapter: its text differs for some prompt (a random adapter moves the logits by nats,
         # far beyond one CPU's numerics against another's).
-        assert any(a != b for a, b in zip(texts["smol"], texts["random"], strict=True))
+        assert any(a != b for a, b in zip(texts(client, "smol"), texts(client, "random"), strict=True))
         assert httpx.post(f"{base}/v1/completions", json={"prompt": "x", "model": "nope"}).status_code == 404
+
+
+def test_an_adapter_loaded_and_unloaded_while_serving(adapter: str) -> None:
+    with running_server("--max-slots", "2", "--served-model-name", "smol", "--allow-runtime-lora-updating") as (
+            base, _proc):
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+        for round_ in range(2):  # the second load gets a new index: nothing of the first is reused wrongly
+            loaded = httpx.post(f"{base}/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": adapter})
+            assert loaded.status_code == 200, loaded.text
+            assert {m.id for m in client.models.list().data} == {"smol", "late"}
+            assert any(a != b for a, b in zip(texts(client, "smol"), texts(client, "late"), strict=True)), round_
+            tuned = texts(client, "late")  # the adapter is the one set on the context when it is unloaded
+            assert httpx.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "late"}).status_code == 200
+            assert httpx.post(f"{base}/v1/completions", json={"prompt": "x", "model": "late"}).status_code == 404
+            assert len(texts(client, "smol")) == len(tuned)  # the base model still serves, the freed adapter unset
+        bad = httpx.post(f"{base}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": __file__})
+        assert bad.status_code == 400 and "could not load a LoRA adapter" in bad.text
+
+
+def test_an_adapter_unloaded_while_set_leaves_the_base_model(model_path: str, adapter: str) -> None:
+    """The backend unsets an adapter it frees: the next decode is the base model's, whoever calls it."""
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=2, n_batch=64))
+    try:
+        tokens = np.array(backend.tokenize(PROMPTS[0]), dtype=np.int32)
+
+        def logits(seq: int) -> np.ndarray:
+            n = len(tokens)
+            out = backend.decode(tokens, np.arange(n, dtype=np.int32), np.full(n, seq, dtype=np.int32),
+                                 np.arange(n) == n - 1)
+            backend.remove_seq(seq)
+            return out[0].copy()
+
+        base = logits(0)
+        index = backend.load_lora(adapter)
+        backend.use_lora(index)
+        assert not np.allclose(logits(1), base, atol=1e-3)
+        backend.unload_lora(index)
+        assert np.allclose(logits(0), base, atol=1e-4)  # one backend, one batch shape: the same numbers
+    finally:
+        backend.close()

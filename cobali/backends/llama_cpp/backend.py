@@ -47,7 +47,9 @@ class LlamaCppBackend:
             max_outputs_per_seq=options.max_outputs_per_seq if options.backend_sampling else 0,
             n_loras=len(options.lora_paths),
         )
-        self._loras = [self._load_lora(path) for path in options.lora_paths]
+        self._loras = {index: self._load_lora(path) for index, path in enumerate(options.lora_paths, 1)}
+        self._next_lora = len(self._loras) + 1  # an index is never used twice
+        self._lora_in_use = 0
         self._batch = OwnedBatch(self.info.n_batch)
         self.device_greedy = DeviceGreedy(self.ctx, self.info.n_seq_max) if options.backend_sampling else None
         self._pieces: dict[int, bytes] = {}
@@ -135,10 +137,21 @@ class LlamaCppBackend:
         ll.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
 
     def use_lora(self, index: int) -> None:
-        adapters = (ll.llama_adapter_lora_p_ctypes * 1)(self._loras[index - 1]) if index else None
+        adapters = (ll.llama_adapter_lora_p_ctypes * 1)(self._loras[index]) if index else None
         scales = (ctypes.c_float * 1)(1.0) if index else None
         if ll.llama_set_adapters_lora(self.ctx, adapters, 1 if index else 0, scales) != 0:
             raise RuntimeError(f"llama.cpp could not set LoRA adapter {index}")
+        self._lora_in_use = index
+
+    def load_lora(self, path: str) -> int:
+        index, self._next_lora = self._next_lora, self._next_lora + 1
+        self._loras[index] = self._load_lora(path)
+        return index
+
+    def unload_lora(self, index: int) -> None:
+        if self._lora_in_use == index:  # the context must not keep a freed adapter
+            self.use_lora(0)
+        ll.llama_adapter_lora_free(self._loras.pop(index))
 
     def _load_lora(self, path: str):
         adapter = ll.llama_adapter_lora_init(self.model, path.encode()) if os.path.isfile(path) else None
