@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections import Counter
 from datetime import datetime
 
 import jsonschema
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -176,3 +178,31 @@ def test_a_property_is_written_once(checker: GrammarCheck) -> None:
     grammar = json_schema_grammar(OPTIONAL)
     assert checker.allows(grammar, '{"a": 1, "b": false}')
     assert not checker.allows(grammar, '{"a": 1, "b": true, "b": false}')
+
+
+def test_sampling_under_a_grammar_draws_the_allowed_tokens_renormalised(model_path: str,
+                                                                        checker: GrammarCheck) -> None:
+    """A refused draw is masked and drawn again: with temperature alone the first token must follow the model's
+    distribution over the tokens the grammar allows, renormalised (2000 seeded draws from one logits row)."""
+    grammar = 'root ::= " cat" | " dog" | " bird" | " fish" | " horse" | " snake" | " mouse"'
+    allowed = sorted(checker.first_tokens(grammar))
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=1, n_batch=64))
+    try:
+        tokens = np.array(backend.tokenize("My favourite animal is the"), dtype=np.int32)
+        n = len(tokens)
+        row = backend.decode(tokens, np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int32),
+                             np.arange(n) == n - 1)[0].astype(np.float64)
+        draws = []
+        for seed in range(2000):
+            sampler = backend.new_sampler(SamplingParams(temperature=1.0, seed=seed, grammar=grammar))
+            draws.append(sampler.sample(n - 1))
+            sampler.close()
+    finally:
+        backend.close()
+    weights = np.exp(row[allowed] - row[allowed].max())
+    expected = dict(zip(allowed, weights / weights.sum(), strict=True))
+    counts = Counter(draws)
+    assert set(counts) <= set(allowed)
+    distance = sum(abs(counts[t] / len(draws) - p) for t, p in expected.items()) / 2
+    assert distance < 0.05, (distance, counts.most_common(5))
+    assert max(expected.values()) < 0.9  # several tokens matter, so a skewed draw would show

@@ -14,7 +14,7 @@ from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
 from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
 from cobali.backends.llama_cpp.embedder import EMBEDDING_CTX, EMBEDDING_SEQS, Embedder
-from cobali.backends.llama_cpp.sampler import LlamaCppSampler
+from cobali.backends.llama_cpp.sampler import Candidates, LlamaCppSampler
 from cobali.backends.llama_cpp.tools import silence_logs
 from cobali.backends.llama_cpp_config import PREFILL_TILE, LlamaCppConfig
 
@@ -55,6 +55,7 @@ class LlamaCppBackend:
         self._pieces: dict[int, bytes] = {}
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
         self._embedder: Embedder | None = None
+        self._candidates: Candidates | None = None
 
     @staticmethod
     def _load_model(model_path: str, options: LlamaCppConfig):
@@ -252,7 +253,10 @@ class LlamaCppBackend:
     # ---- sampling ---------------------------------------------------------------------------------
 
     def new_sampler(self, params: SamplingParams) -> LlamaCppSampler:
-        return LlamaCppSampler(self.ctx, self.vocab, params)
+        # Samplers run one at a time, on the thread that samples: one candidates buffer serves them all.
+        if params.grammar is not None and self._candidates is None:
+            self._candidates = Candidates(self.info.n_vocab)
+        return LlamaCppSampler(self.ctx, self.vocab, params, self._candidates)
 
     def close(self) -> None:
         if self._embedder is not None:

@@ -52,6 +52,18 @@ class GrammarCheck:
         finally:
             ll.llama_sampler_free(sampler)
 
+    def first_tokens(self, grammar: str) -> set[int]:
+        """The tokens the grammar allows first: the whole vocabulary through it once."""
+        n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        cells = (ll.llama_token_data * n_vocab)(*((t, 0.0, 0.0) for t in range(n_vocab)))
+        array = ll.llama_token_data_array(data=cells, size=n_vocab, selected=-1, sorted=False)
+        sampler = ll.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        try:
+            ll.llama_sampler_apply(sampler, ctypes.byref(array))
+        finally:
+            ll.llama_sampler_free(sampler)
+        return {cells[i].id for i in range(array.size) if cells[i].logit != float("-inf")}
+
     def _allowed(self, sampler, token: int) -> bool:
         self._cell[0].id, self._cell[0].logit, self._cell[0].p = token, 0.0, 0.0
         self._array.size, self._array.selected = 1, -1
