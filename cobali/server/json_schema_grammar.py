@@ -8,9 +8,10 @@ Held exactly:
 - objects: "properties" in schema order, those not "required" optional; without "properties", an
   "additionalProperties" schema gives a map of any keys to it, and `false` the empty object;
 - arrays: "items", "prefixItems" (all of them written), "minItems", "maxItems";
-- strings: "pattern" (see regex_grammar), "minLength", "maxLength", "format" date, time, date-time, uuid.
+- strings: "pattern" (see regex_grammar), "minLength", "maxLength", "format" date, time, date-time, uuid;
+- integers: "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" (integer_grammar).
 
-Loosened (the output is still JSON, and holds the rest of the schema): number bounds and multiples, remote
+Loosened (the output is still JSON, and holds the rest of the schema): bounds of non-integer numbers, multiples, remote
 "$ref"s, a "pattern" with a feature regex_grammar refuses, length and item bounds past MAX_BOUND, and any other
 keyword. Objects never get properties beyond those declared (always valid); a declared property is written
 at most once, in schema order.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cobali.server.integer_grammar import integer_bounds, integer_range
 from cobali.server.regex_grammar import json_string_expression
 
 # llama.cpp's grammars/json.gbnf, with bounded whitespace so a model cannot pad forever.
@@ -48,6 +50,7 @@ _FORMATS = {
     "date-time": 'format-date "T" format-time',
     "uuid": '[0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12}',
 }
+_INTEGER_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 _SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})  # each has a rule of that name
 MAX_BOUND = 500  # length and item bounds above this are dropped: llama.cpp caps repetitions
 MAX_SCHEMA_DEPTH = 64  # nesting refused past this (ValueError), before Python's recursion limit is
@@ -132,6 +135,8 @@ class SchemaConverter:
             return self._array(schema)
         if kind == "string":
             return self._string(schema)
+        if kind == "integer" and _INTEGER_BOUNDS & schema.keys():
+            return f"{integer_range(*integer_bounds(schema))} ws"
         return kind if kind in _SCALARS else "value"
 
     def _rule(self, body: str, name: str | None = None) -> str:

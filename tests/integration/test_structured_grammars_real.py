@@ -206,3 +206,21 @@ def test_sampling_under_a_grammar_draws_the_allowed_tokens_renormalised(model_pa
     distance = sum(abs(counts[t] / len(draws) - p) for t, p in expected.items()) / 2
     assert distance < 0.05, (distance, counts.most_common(5))
     assert max(expected.values()) < 0.9  # several tokens matter, so a skewed draw would show
+
+
+INTEGERS = [*range(-1100, 1101), 123455, 123456, 10**15, 10**16 - 1, -(10**15)]
+
+
+@pytest.mark.parametrize("bounds", [
+    {"minimum": 0}, {"minimum": 1, "maximum": 120}, {"minimum": -50, "maximum": -3}, {"maximum": 7},
+    {"exclusiveMinimum": -1.5, "exclusiveMaximum": 1000}, {"minimum": 17, "maximum": 17},
+    {"minimum": 95, "maximum": 1005}, {"minimum": 2.5}, {"maximum": -10}, {"minimum": 123456},
+    {"minimum": -1, "maximum": 0},
+], ids=str)
+def test_integer_bounds_are_held_exactly(checker: GrammarCheck, bounds: dict) -> None:
+    schema = {"type": "integer", **bounds}
+    grammar = json_schema_grammar(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    wrong = [n for n in INTEGERS if checker.allows(grammar, str(n)) != validator.is_valid(n)]
+    assert not wrong, wrong[:10]
+    assert not any(checker.allows(grammar, text) for text in ("007", "-0", "00", "+5", "1.0"))

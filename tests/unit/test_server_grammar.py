@@ -81,3 +81,10 @@ def test_unsupported_keywords_fall_back_to_any_value() -> None:
 def test_a_reference_to_nothing_is_refused() -> None:
     with pytest.raises(ValueError, match="points at nothing"):
         json_schema_grammar({"$ref": "#/$defs/missing"})
+
+
+@pytest.mark.parametrize("bounds", [{"minimum": 5, "maximum": 4}, {"exclusiveMinimum": 3, "exclusiveMaximum": 4},
+                                    {"minimum": 2.5, "maximum": 2.9}])
+def test_integer_bounds_no_integer_meets_are_refused(bounds: dict) -> None:
+    with pytest.raises(ValueError, match="no integer lies between"):
+        json_schema_grammar({"type": "integer", **bounds})
