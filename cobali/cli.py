@@ -10,7 +10,7 @@ from cobali import __version__, calibrate, run, synth, synth_lora
 from cobali.batch import cli as batch_cli
 from cobali.bench import cli as bench_cli
 from cobali.options import engine_spec
-from cobali.server.flags import add_serve_args, server_config
+from cobali.server.flags import add_run_batch_args, add_serve_args, run_batch_config, server_config
 from cobali.sim import cli as sim_cli
 
 
@@ -26,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.register(subparsers)
     sim_cli.register(subparsers)
     batch_cli.register(subparsers).set_defaults(func=batch_command)
+    run_batch = subparsers.add_parser("run-batch", help="a file in OpenAI's Batch API format, run offline (as vllm "
+                                      "run-batch)", description="Each line's body goes through the server's routes "
+                                      "in this process; results are appended as they finish, and a rerun resumes.")
+    add_run_batch_args(run_batch)
+    run_batch.set_defaults(func=run_batch_command)
     synth.register(subparsers)
     synth_lora.register(subparsers)
     return parser
@@ -38,6 +43,14 @@ def batch_command(args: argparse.Namespace) -> int:
     from cobali.ray.batch import run_shards_on_ray  # Ray is an optional extra: imported only here
 
     return batch_cli.batch_command(args, run_shards=functools.partial(run_shards_on_ray, args.replicas))
+
+
+def run_batch_command(args: argparse.Namespace) -> int:
+    from cobali.server.run_batch import run_batch_file  # FastAPI loads only for the faces that serve
+
+    spec = engine_spec(args, record_ticks=False)
+    return run_batch_file(spec, run_batch_config(args), args.input, args.output,
+                          args.max_concurrency or 4 * args.max_slots)
 
 
 def serve_command(args: argparse.Namespace) -> int:

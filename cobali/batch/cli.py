@@ -16,8 +16,9 @@ from typing import IO
 
 from tqdm import tqdm
 
-from cobali.batch.jobs import Shard, drop_cut_line, pending_shards, read_jobs, run_shard
+from cobali.batch.jobs import Shard, pending_shards, read_jobs, run_shard
 from cobali.config import EngineSpec
+from cobali.jsonl import drop_cut_line
 from cobali.options import add_engine_args, engine_spec, positive_int
 
 # (spec, max_new, shards, output, on_done) -> results written; Ray's runner comes from cobali.cli.

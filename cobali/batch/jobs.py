@@ -18,6 +18,7 @@ from cobali.backends.base import SamplingParams
 from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
 from cobali.engine.request import Request
+from cobali.jsonl import finished_ids
 from cobali.metrics import request_record
 from cobali.workloads import entry_max_tokens
 
@@ -68,30 +69,6 @@ def read_jobs(path: str | Path) -> list[Job]:
         seen.add(job_id)
         jobs.append(Job(job_id, entry["prompt"], max_tokens))
     return jobs
-
-
-def drop_cut_line(path: str | Path) -> None:
-    """Drop a last line cut short by a kill from the output, so that appending resumes on a clean line."""
-    path = Path(path)
-    if path.is_file():
-        data = path.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        if len(complete) != len(data):
-            path.write_bytes(complete)
-
-
-def finished_ids(path: str | Path) -> set[JobId]:
-    """Ids already in the output; a last line cut short by a kill does not count."""
-    path = Path(path)
-    if not path.is_file():
-        return set()
-    data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    ids = set()
-    for line in complete.decode("utf-8").splitlines():
-        if line.strip():
-            ids.add(json.loads(line)["id"])
-    return ids
 
 
 def output_line(job_id: JobId, request: Request) -> str:

@@ -11,7 +11,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    max_queue: int = 256  # requests that may wait for a slot; beyond it HTTP 429
+    max_queue: int | None = 256  # requests that may wait for a slot; beyond it HTTP 429 (None: no limit)
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     served_model_name: str | None = None  # None: the GGUF file's name

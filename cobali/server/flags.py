@@ -67,6 +67,24 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="Ray cluster for --replicas > 1 (default: start a local one)")
 
 
+def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
+    add_engine_args(parser)
+    parser.add_argument("-i", "--input", required=True,
+                        help='JSONL in OpenAI\'s Batch format: {"custom_id", "method": "POST", "url", "body"} a line')
+    parser.add_argument("-o", "--output", required=True,
+                        help="JSONL results, appended; custom_ids already there are skipped")
+    parser.add_argument("--served-model-name", default=None, help="model id the bodies may name (default: GGUF name)")
+    parser.add_argument("--chat-template", type=_template_file, default=None, metavar="FILE",
+                        help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
+    parser.add_argument("--max-concurrency", type=positive_int, default=None,
+                        help="requests in flight at once (default: 4 x --max-slots)")
+
+
+def run_batch_config(args: argparse.Namespace) -> ServerConfig:
+    """The in-process server a batch runs through: no socket, and no queue limit (the batch bounds itself)."""
+    return ServerConfig(served_model_name=args.served_model_name, chat_template=args.chat_template, max_queue=None)
+
+
 def server_config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(host=args.host, port=args.port, max_queue=args.max_queue, api_key=args.api_key,
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,

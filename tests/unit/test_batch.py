@@ -10,10 +10,11 @@ import pytest
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
-from cobali.batch.jobs import Job, Shard, drop_cut_line, finished_ids, pending_shards, read_jobs, run_shard
+from cobali.batch.jobs import Job, Shard, pending_shards, read_jobs, run_shard
 from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.jsonl import drop_cut_line, finished_ids
 
 PROMPTS = [f"prompt {i}: " + "abcdefghij"[: 1 + i % 10] * (1 + i % 4) for i in range(12)]
 

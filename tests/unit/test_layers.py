@@ -15,7 +15,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("run", "calibrate", "bench", "server", "batch", "sim", "synth", "synth_lora"),  # the faces
     ("options",),  # flags shared by the faces, and the typed configs built from them
     ("config", "runner"),  # building one engine from its configs; running a workload through it
-    ("metrics", "workloads", "costs", "__init__"),  # values the faces share: timings, work items, cost profiles
+    # values and files the faces share: timings, work items, cost profiles, resumable JSONL outputs
+    ("metrics", "workloads", "costs", "jsonl", "__init__"),
     ("engine",),
     ("backends",),
 )
