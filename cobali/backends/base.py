@@ -193,8 +193,9 @@ class Backend(Protocol):
         ...
 
     def load_lora(self, path: str) -> int:
-        """Load a LoRA adapter from a file; its index, one never used before (those loaded with the model are
-        1..info.n_loras). ValueError naming the path when it is not an adapter for this model."""
+        """Load a LoRA adapter from a file; its index: the lowest never used before (those loaded with the model
+        are 1..info.n_loras; a load that fails uses up none). ValueError naming the path when it is not an adapter
+        for this model."""
         ...
 
     def unload_lora(self, index: int) -> None:

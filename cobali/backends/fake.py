@@ -113,7 +113,8 @@ class FakeBackend:
         self.lora = index
 
     def load_lora(self, path: str) -> int:
-        if not os.path.isfile(path):
+        """A file that does not start as a GGUF does is not an adapter."""
+        if not (os.path.isfile(path) and _starts_as_gguf(path)):
             raise ValueError(f"could not load a LoRA adapter for this model from {path}")
         index, self._next_lora = self._next_lora, self._next_lora + 1
         self.loras[index] = path
@@ -225,3 +226,8 @@ class FakeSampler:
 
     def close(self) -> None:
         self.counts[:] = 0
+
+
+def _starts_as_gguf(path: str) -> bool:
+    with open(path, "rb") as file:
+        return file.read(4) == b"GGUF"

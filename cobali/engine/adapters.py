@@ -2,16 +2,18 @@
 serving (vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter).
 
 An index is never used twice, so KV computed under an unloaded adapter (the prefix cache keys it by index,
-Request.kv_key) can never be matched by another one; it ages out of the cache like any unused prefix. An
-unloaded adapter takes no new request at once, and is freed when the last request that named it ends.
+Request.kv_key) can never be matched by another one; it ages out of the cache like any unused prefix. So an
+engine loads at most MAX_ADAPTER_INDEX adapters in its life (a load that fails uses up none), and refuses more.
+An unloaded adapter takes no new request at once, and is freed when the last request that named it ends.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from cobali.backends.base import Backend
-from cobali.engine.request import Request
+from cobali.engine.request import MAX_ADAPTER_INDEX, Request
 
 
 class Adapters:
@@ -19,7 +21,9 @@ class Adapters:
         """updates: adapters may be loaded while serving."""
         self.backend = backend
         self.requests = requests  # the engine's live requests
-        self.loaded: set[int] = set(range(1, backend.info.n_loras + 1))
+        # Replaced whole, never changed in place: check() reads it from the event loop while the engine's thread
+        # loads and unloads.
+        self.loaded: frozenset[int] = frozenset(range(1, backend.info.n_loras + 1))
         self.retiring: set[int] = set()
         self.enabled = bool(self.loaded) or updates  # False: every request runs on the base model
         # The adapter the backend decodes with; unknown at first (an engine before this one may have left one set).
@@ -33,19 +37,27 @@ class Adapters:
 
     def check(self, lora: int) -> None:
         """ValueError unless a new request may run with adapter `lora` (0: none). Thread-safe."""
-        if lora and lora not in self.loaded:
-            raise ValueError(f"LoRA adapter {lora} is not loaded (loaded: {sorted(self.loaded) or 'none'})")
+        loaded = self.loaded
+        if lora and lora not in loaded:
+            raise ValueError(f"LoRA adapter {lora} is not loaded (loaded: {sorted(loaded) or 'none'})")
 
     def load(self, path: str) -> int:
-        """Load an adapter from a GGUF file; its index. On the engine's thread, between ticks."""
+        """Load an adapter from a GGUF file; its index. FileNotFoundError if there is no such file; ValueError if
+        it is not an adapter for this model, or no index is left. On the engine's thread, between ticks."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No adapter found for {path}")
         index = self.backend.load_lora(path)
-        self.loaded.add(index)
+        if index > MAX_ADAPTER_INDEX:  # its tokens' keys would not fit the prefix cache's arrays
+            self.backend.unload_lora(index)
+            raise ValueError(f"this engine has loaded {MAX_ADAPTER_INDEX} LoRA adapters, the most it can (an "
+                             "unloaded adapter's index is not reused): restart the server to load more")
+        self.loaded = self.loaded | {index}
         return index
 
     def unload(self, index: int) -> None:
         """Take no new request for the adapter; free it once no request uses it. On the engine's thread."""
         self.check(index)
-        self.loaded.discard(index)
+        self.loaded = self.loaded - {index}
         self.retiring.add(index)
         self.release(index)
 

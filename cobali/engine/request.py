@@ -40,8 +40,10 @@ _TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
 # Stands in for a token that a decode still in flight is sampling (async scheduling, engine/overlap.py): the
 # request already counts it, so the next tick can be planned before the token is known.
 PENDING_TOKEN = -1
-# Above any vocabulary: adapter a keys token t as -(a * stride + t + 1), int32 for 8191 adapters (Request.kv_key).
+# Above any vocabulary: adapter a keys token t as -(a * stride + t + 1) (Request.kv_key), in the prefix cache's
+# int32 arrays for adapter indices up to MAX_ADAPTER_INDEX (8191; an engine refuses to load one more).
 ADAPTER_KEY_STRIDE = 1 << 18
+MAX_ADAPTER_INDEX = (1 << 31) // ADAPTER_KEY_STRIDE - 1
 
 
 class FinishReason(enum.Enum):

@@ -8,6 +8,8 @@ Off by default: a client that may name files on the server's disk is an operator
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import Field
@@ -35,23 +37,25 @@ async def load_lora_adapter(body: LoadLoraBody, http: Request) -> PlainTextRespo
     name, loras = body.lora_name, server.loras
     if server.serves(name) or name in loras.reserved:
         raise bad_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
-    loras.reserved.add(name)
+    loading = server.engine_thread.call(lambda engine: engine.adapters.load(body.lora_path))  # 503 unless ready
+    loras.name_when_loaded(name, loading)
     try:
-        index = await server.engine_thread.call(lambda engine: engine.adapters.load(body.lora_path))
+        await asyncio.shield(loading)  # a handler cancelled now still leaves the adapter its name
+    except FileNotFoundError as err:  # as vLLM: its NotFoundError
+        raise APIError(404, f"Loading lora {name} failed: {err}", "not_found_error", "lora_path") from None
     except ValueError as err:
-        raise bad_request(str(err), "lora_path") from None
-    finally:
-        loras.reserved.discard(name)
-    loras.index[name] = index
+        raise bad_request(f"Loading lora {name} failed: {err}", "lora_path") from None
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
 @router.post("/v1/unload_lora_adapter")
 async def unload_lora_adapter(body: UnloadLoraBody, http: Request) -> PlainTextResponse:
     server: ServerContext = http.app.state.server
-    index = server.loras.index.pop(body.lora_name, None)  # from now on no request names it
+    index = server.loras.index.get(body.lora_name)
     if index is None:
         raise APIError(404, f"The lora adapter '{body.lora_name}' cannot be found.", "not_found_error",
                        "lora_name")
-    await server.engine_thread.call(lambda engine: engine.adapters.unload(index))
+    unloading = server.engine_thread.call(lambda engine: engine.adapters.unload(index))  # 503 unless ready
+    del server.loras.index[body.lora_name]  # from now on no request names it
+    await unloading
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")

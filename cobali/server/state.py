@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass, field
 
 from cobali.server.engine_thread import EngineThread
@@ -17,6 +18,18 @@ class LoraNames:
     def __init__(self, names: tuple[str, ...] = ()) -> None:
         self.index: dict[str, int] = {name: i for i, name in enumerate(names, 1)}  # --lora-modules: 1, 2, ...
         self.reserved: set[str] = set()
+
+    def name_when_loaded(self, name: str, loading: asyncio.Future) -> None:
+        """Reserve `name` while its adapter loads, then give it the adapter's index if the load succeeded. Done
+        when the load ends, not by the handler that waits for it: one cancelled meanwhile (its client gone)
+        must not leave an adapter loaded with no name."""
+        self.reserved.add(name)
+        loading.add_done_callback(functools.partial(self._loaded, name))
+
+    def _loaded(self, name: str, loading: asyncio.Future) -> None:
+        self.reserved.discard(name)
+        if not loading.cancelled() and loading.exception() is None:
+            self.index[name] = loading.result()
 
     def __contains__(self, name: object) -> bool:
         return name in self.index

@@ -88,6 +88,8 @@ def test_an_adapter_loaded_and_unloaded_while_serving(adapter: str) -> None:
             assert len(texts(client, "smol")) == len(tuned)  # the base model still serves, the freed adapter unset
         bad = httpx.post(f"{base}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": __file__})
         assert bad.status_code == 400 and "could not load a LoRA adapter" in bad.text
+        missing = httpx.post(f"{base}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/no/a.gguf"})
+        assert missing.status_code == 404 and "No adapter found for /no/a.gguf" in missing.text  # as vLLM
 
 
 def test_an_adapter_unloaded_while_set_leaves_the_base_model(model_path: str, adapter: str) -> None:
@@ -104,7 +106,10 @@ def test_an_adapter_unloaded_while_set_leaves_the_base_model(model_path: str, ad
             return out[0].copy()
 
         base = logits(0)
+        with pytest.raises(ValueError, match="could not load a LoRA adapter"):
+            backend.load_lora(__file__)
         index = backend.load_lora(adapter)
+        assert index == 1  # the failed load used up no index
         backend.use_lora(index)
         assert not np.allclose(logits(1), base, atol=1e-3)
         backend.unload_lora(index)

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -16,7 +17,7 @@ from cobali.backends.fake import FakeBackend
 from cobali.cli import main
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.request import FinishReason
+from cobali.engine.request import MAX_ADAPTER_INDEX, FinishReason
 from cobali.server.app import create_app
 from cobali.server.engine_thread import EngineState, EngineThread
 from cobali.server.errors import APIError
@@ -46,8 +47,45 @@ def test_an_adapter_loaded_while_serving_runs_its_requests(adapter_file: str) ->
     e.run_until_done()
     assert base.output_tokens != tuned.output_tokens
     assert {t.plan.lora for t in e.ticks} == {0, index}
-    with pytest.raises(ValueError, match="could not load a LoRA adapter"):
+    with pytest.raises(FileNotFoundError, match=r"No adapter found for .*\.missing"):
         e.adapters.load(adapter_file + ".missing")
+    with pytest.raises(ValueError, match=r"could not load a LoRA adapter for this model from README\.md"):
+        e.adapters.load("README.md")
+
+
+def cached_twice(e: Engine, lora: int) -> list[int]:
+    """Runs one prompt twice under adapter `lora`: the second finds the first's prefix in the cache."""
+    first = e.add_request(PROMPT, PARAMS, lora=lora)
+    e.run_until_done()
+    second = e.add_request(PROMPT, PARAMS, lora=lora)
+    e.run_until_done()
+    assert first.output_tokens == second.output_tokens and second.cached_tokens > 0
+    return [first.cached_tokens, second.cached_tokens]
+
+
+def test_failed_loads_use_up_no_adapter_index(adapter_file: str) -> None:
+    """More failed loads than there are indices, then a good one: it gets the first index, and runs."""
+    e = engine()
+    for _ in range(MAX_ADAPTER_INDEX + 10):
+        with pytest.raises(ValueError, match="could not load"):
+            e.adapters.load("README.md")
+    index = e.adapters.load(adapter_file)
+    assert index == 1
+    cached_twice(e, index)
+
+
+def test_the_last_adapter_index_serves_and_one_more_is_refused(adapter_file: str) -> None:
+    """The prefix cache keys an adapter's tokens in int32 arrays: the last index still fits them, the next load
+    is refused (a ValueError: a 400) instead of overflowing them on the engine's thread."""
+    e = engine()
+    e.backend._next_lora = MAX_ADAPTER_INDEX
+    last = e.adapters.load(adapter_file)
+    assert last == MAX_ADAPTER_INDEX
+    cached_twice(e, last)
+    with pytest.raises(ValueError, match=f"has loaded {MAX_ADAPTER_INDEX} LoRA adapters, the most it can"):
+        e.adapters.load(adapter_file)
+    assert sorted(e.backend.loras) == [last]  # the refused one freed at once
+    cached_twice(e, last)
 
 
 def test_an_unloaded_adapter_finishes_its_requests_then_is_freed(adapter_file: str) -> None:
@@ -113,7 +151,10 @@ def test_the_routes_load_and_unload_as_vllm_answers(api: TestClient, adapter_fil
 @pytest.mark.parametrize("route, body, status, message", [
     ("load", {"lora_name": "first", "lora_path": "README.md"}, 400, "'first' has already been loaded"),
     ("load", {"lora_name": "base", "lora_path": "README.md"}, 400, "'base' has already been loaded"),
-    ("load", {"lora_name": "new", "lora_path": "/no/such.gguf"}, 400, "from /no/such.gguf"),
+    ("load", {"lora_name": "new", "lora_path": "/no/such.gguf"}, 404,
+     "Loading lora new failed: No adapter found for /no/such.gguf"),  # vLLM's NotFoundError
+    ("load", {"lora_name": "new", "lora_path": "README.md"}, 400,
+     "Loading lora new failed: could not load a LoRA adapter for this model from README.md"),
     ("load", {"lora_name": "", "lora_path": "README.md"}, 400, "lora_name"),
     ("load", {"lora_name": "new"}, 400, "lora_path"),
     ("unload", {"lora_name": "never"}, 404, "'never' cannot be found"),
@@ -123,6 +164,66 @@ def test_bad_loads_and_unloads_are_refused_by_name(api: TestClient, route: str, 
                                                    message: str) -> None:
     response = api.post(f"/v1/{route}_lora_adapter", json=body)
     assert response.status_code == status and message in response.json()["error"]["message"], response.text
+    assert response.json()["error"]["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    loras = api.app.state.server.loras
+    assert not loras.reserved and loras.names() == ("first",)  # a failed load leaves its name free
+
+
+def test_a_load_past_the_last_adapter_index_is_a_400_and_the_engine_serves_on(api: TestClient,
+                                                                              adapter_file: str) -> None:
+    api.app.state.server.engine_thread.engine.backend._next_lora = MAX_ADAPTER_INDEX + 1
+    refused = api.post("/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": adapter_file})
+    assert refused.status_code == 400 and "restart the server to load more" in refused.json()["error"]["message"]
+    assert complete(api, "first")["choices"][0]["text"] and api.get("/health").status_code == 200
+
+
+def test_loads_and_unloads_while_the_model_loads_are_503s_that_change_no_name(adapter_file: str) -> None:
+    gate = threading.Event()
+
+    def slow() -> Engine:
+        gate.wait(10)
+        return Engine(FakeBackend(n_seq_max=2, n_loras=1), EngineConfig(max_slots=2, lora_updates=True))
+
+    with TestClient(create_app(slow, "base", lora_names=("first",), runtime_lora=True)) as client:
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": "first"}).status_code == 503
+        assert client.post("/v1/load_lora_adapter",
+                           json={"lora_name": "tuned", "lora_path": adapter_file}).status_code == 503
+        gate.set()
+        wait_healthy(client)
+        assert complete(client, "first")["model"] == "first"
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": "first"}).status_code == 200
+        assert client.post("/v1/load_lora_adapter",
+                           json={"lora_name": "tuned", "lora_path": adapter_file}).status_code == 200
+
+
+def test_a_load_whose_handler_is_cancelled_still_names_its_adapter(adapter_file: str) -> None:
+    """The client goes away while the engine thread loads its adapter: the adapter gets its name all the same
+    (else it would stay loaded with no name to use or unload it by)."""
+    app = create_app(engine, "base", runtime_lora=True)
+    thread: EngineThread = app.state.server.engine_thread
+    gate = threading.Event()
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            while thread.state is not EngineState.READY:
+                await asyncio.sleep(0.01)
+            held = thread.call(lambda _engine: gate.wait(10))  # the engine thread busy until the gate opens
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+                load = asyncio.create_task(client.post("/v1/load_lora_adapter",
+                                                       json={"lora_name": "tuned", "lora_path": adapter_file}))
+                await asyncio.sleep(0.1)
+                load.cancel()
+                gate.set()
+                await held
+                await thread.call(lambda _engine: None)  # after the load
+                await asyncio.sleep(0.05)
+                assert "tuned" in app.state.server.loras and not app.state.server.loras.reserved
+                response = await client.post("/v1/completions", json={"model": "tuned", "prompt": "x",
+                                                                      "max_tokens": 2})
+                assert response.status_code == 200 and response.json()["model"] == "tuned"
+            assert load.cancelled()
+
+    asyncio.run(scenario())
 
 
 def test_the_routes_are_off_unless_asked_for() -> None:

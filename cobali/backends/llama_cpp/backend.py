@@ -145,8 +145,9 @@ class LlamaCppBackend:
         self._lora_in_use = index
 
     def load_lora(self, path: str) -> int:
+        adapter = self._load_lora(path)  # a failed load uses up no index
         index, self._next_lora = self._next_lora, self._next_lora + 1
-        self._loras[index] = self._load_lora(path)
+        self._loras[index] = adapter
         return index
 
     def unload_lora(self, index: int) -> None:
