@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import IO
-
-from tqdm import tqdm
 
 from cobali.batch.jobs import Shard, pending_shards, read_jobs, run_shard
 from cobali.config import EngineSpec
-from cobali.jsonl import drop_cut_line
+from cobali.jsonl import ResultsFile
 from cobali.options import add_engine_args, engine_spec, positive_int
 
 # (spec, max_new, shards, output, on_done) -> results written; Ray's runner comes from cobali.cli.
@@ -54,12 +53,6 @@ def batch_command(args: argparse.Namespace, run_shards: ShardsRunner = run_shard
     jobs = read_jobs(args.input)
     shards = pending_shards(jobs, args.output, args.max_slots)
     todo = sum(len(shard.wanted) for shard in shards)
-    print(f"cobali batch: {len(jobs)} prompts, {len(jobs) - todo} already in {args.output}, {todo} to run")
-    if not todo:
-        return 0
-    drop_cut_line(args.output)
-    with open(args.output, "a", encoding="utf-8") as out, \
-            tqdm(total=len(jobs), initial=len(jobs) - todo, unit="req", desc="batch") as bar:
-        written = run_shards(spec, args.max_new, shards, out, bar.update)
-    print(f"wrote {written} results to {args.output}")
+    ResultsFile(Path(args.output)).append("batch", "prompts", len(jobs), todo,
+                                          lambda out, on_done: run_shards(spec, args.max_new, shards, out, on_done))
     return 0

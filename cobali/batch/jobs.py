@@ -18,7 +18,7 @@ from cobali.backends.base import SamplingParams
 from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
 from cobali.engine.request import Request
-from cobali.jsonl import finished_ids
+from cobali.jsonl import ResultsFile
 from cobali.metrics import request_record
 from cobali.workloads import entry_max_tokens
 
@@ -103,7 +103,7 @@ def run_shard(engine: Engine, shard: Shard, out: IO[str], max_new: int,
 
 def pending_shards(jobs: Sequence[Job], output: str | Path, max_slots: int) -> list[Shard]:
     """The input's shards (fixed blocks of SHARD_PER_SLOT * max_slots lines) that still miss results."""
-    done = finished_ids(output)
+    done = ResultsFile(Path(output)).finished_ids()
     size = SHARD_PER_SLOT * max_slots
     shards = []
     for start in range(0, len(jobs), size):

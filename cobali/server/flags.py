@@ -35,6 +35,17 @@ def _lora_module(text: str) -> tuple[str, str]:
     return name, path
 
 
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    """What a request's body may name, and how its chat is rendered: `serve`'s and `run-batch`'s."""
+    parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
+    parser.add_argument("--chat-template", type=_template_file, default=None, metavar="FILE",
+                        help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
+    parser.add_argument("--lora-modules", type=_lora_module, nargs="+", default=(), metavar="NAME=PATH",
+                        help="LoRA adapters (GGUF, as llama.cpp's convert_lora_to_gguf.py or `cobali synth-lora` "
+                             "write them), each served as model NAME beside the base model; a tick runs the "
+                             "requests of one adapter, and busy adapters take turns")
+
+
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -45,13 +56,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1 and /slots")
     parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body; beyond it requests get HTTP 413")
-    parser.add_argument("--chat-template", type=_template_file, default=None, metavar="FILE",
-                        help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
-    parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
-    parser.add_argument("--lora-modules", type=_lora_module, nargs="+", default=(), metavar="NAME=PATH",
-                        help="LoRA adapters (GGUF, as llama.cpp's convert_lora_to_gguf.py or `cobali synth-lora` "
-                             "write them), each served as model NAME beside the base model; a tick runs the "
-                             "requests of one adapter, and busy adapters take turns")
+    _add_model_args(parser)
     parser.add_argument("--allow-runtime-lora-updating", action="store_true",
                         default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
                         help="serve vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (clients then "
@@ -72,17 +77,17 @@ def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--input", required=True,
                         help='JSONL in OpenAI\'s Batch format: {"custom_id", "method": "POST", "url", "body"} a line')
     parser.add_argument("-o", "--output", required=True,
-                        help="JSONL results, appended; custom_ids already there are skipped")
-    parser.add_argument("--served-model-name", default=None, help="model id the bodies may name (default: GGUF name)")
-    parser.add_argument("--chat-template", type=_template_file, default=None, metavar="FILE",
-                        help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
+                        help="JSONL results, appended; custom_ids answered there are skipped (but for a server "
+                             "error's: run again)")
+    _add_model_args(parser)
     parser.add_argument("--max-concurrency", type=positive_int, default=None,
                         help="requests in flight at once (default: 4 x --max-slots)")
 
 
 def run_batch_config(args: argparse.Namespace) -> ServerConfig:
     """The in-process server a batch runs through: no socket, and no queue limit (the batch bounds itself)."""
-    return ServerConfig(served_model_name=args.served_model_name, chat_template=args.chat_template, max_queue=None)
+    return ServerConfig(served_model_name=args.served_model_name, chat_template=args.chat_template, max_queue=None,
+                        lora_modules=tuple(args.lora_modules))
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:

@@ -4,15 +4,17 @@ engine, as `vllm run-batch` runs it.
 Each input line is {"custom_id", "method": "POST", "url", "body"}, url one of URLS. The bodies go through the
 server's own routes in this process (no socket), so every field, check and error is the server's. Each output line
 is {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}, written and flushed as
-its request finishes (a 4xx keeps its error body there). A rerun after a kill skips the custom_ids already in the
-output. Results do not depend on the order lines finish in, but a request's numbers may on what shared its batch
-(`cobali batch` runs prompts in fixed shards where that matters).
+its request finishes (a 4xx or 5xx keeps its error body there). A rerun after a kill skips the custom_ids already
+answered in the output, but for a server error's (5xx: the engine failed, or was shutting down), which it runs
+again; the command exits 1 while any are left. Results do not depend on the order lines finish in, but a request's
+numbers may on what shared its batch (`cobali batch` runs prompts in fixed shards where that matters).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,15 +23,14 @@ from typing import IO, Any
 
 import httpx
 from fastapi import FastAPI
-from tqdm import tqdm
 
 from cobali.config import EngineSpec
-from cobali.jsonl import drop_cut_line, finished_ids
+from cobali.jsonl import ResultsFile
 from cobali.server.config import ServerConfig
+from cobali.server.engine_thread import EngineState, EngineThread
 from cobali.server.serve import build_app
 
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
-LOAD_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -77,36 +78,32 @@ def _batch_line(text: str, where: str) -> BatchLine:
 async def run_batch(app: FastAPI, lines: list[BatchLine], out: IO[str], concurrency: int,
                     on_done: Callable[[], None] | None = None) -> int:
     """Run the lines through the app's routes, `concurrency` at a time; each result appended to `out` as it
-    comes. Returns how many were written."""
-    gate = asyncio.Semaphore(concurrency)
+    comes. Returns how many were written: all of them (a route's crash is its line's 500)."""
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
+        await _until_ready(app.state.server.engine_thread)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://cobali", timeout=None) as client:
-            await _until_ready(client)
+            todo = iter(lines)
 
-            async def one(line: BatchLine) -> None:
-                async with gate:
+            async def worker() -> None:
+                for line in todo:  # shared: each line goes to the first worker free
                     response = await client.post(line.url, json=line.body)
-                out.write(json.dumps(output_record(line, response), ensure_ascii=False) + "\n")
-                out.flush()
-                if on_done is not None:
-                    on_done()
+                    out.write(json.dumps(output_record(line, response), ensure_ascii=False) + "\n")
+                    out.flush()
+                    if on_done is not None:
+                        on_done()
 
-            await asyncio.gather(*(one(line) for line in lines))
+            await asyncio.gather(*(worker() for _ in range(min(concurrency, len(lines)))))
     return len(lines)
 
 
-async def _until_ready(client: httpx.AsyncClient) -> None:
-    """The model loads on the engine thread: wait for it, and fail with its error if it cannot load."""
-    deadline = asyncio.get_running_loop().time() + LOAD_TIMEOUT_S
-    while True:
-        health = await client.get("/health")
-        if health.status_code == 200:
-            return
-        message = health.json()["error"]["message"]
-        if "failed" in message or asyncio.get_running_loop().time() > deadline:
-            raise ValueError(f"the engine is not available: {message}")
+async def _until_ready(thread: EngineThread) -> None:
+    """The model loads on the engine thread: wait for it however long it takes, and fail with its error if it
+    cannot load."""
+    while thread.state is EngineState.LOADING:
         await asyncio.sleep(0.05)
+    if thread.state is not EngineState.READY:
+        raise ValueError(f"the engine is not available: {thread.error or thread.state.value}")
 
 
 def output_record(line: BatchLine, response: httpx.Response) -> dict[str, Any]:
@@ -118,20 +115,27 @@ def output_record(line: BatchLine, response: httpx.Response) -> dict[str, Any]:
             "error": None}
 
 
+def is_final(record: dict[str, Any]) -> bool:
+    """A result a rerun keeps: all but a server error's (5xx: the engine failed, or was shutting down), whose line
+    runs again. A 4xx is the line's own answer, as in vLLM."""
+    response = record.get("response")
+    return not (isinstance(response, dict) and isinstance(status := response.get("status_code"), int)
+                and status >= 500)
+
+
 def run_batch_file(spec: EngineSpec, settings: ServerConfig, input_path: str, output_path: str,
                    concurrency: int) -> int:
-    """The command: what is left of the input, run and appended to the output."""
+    """The command: what is left of the input, run and appended to the output. Exit status 1 if lines got a
+    server error (a rerun runs them again)."""
     lines = read_batch(input_path)
-    done = finished_ids(output_path, "custom_id")
+    results = ResultsFile(Path(output_path), "custom_id", is_final)
+    done = results.finished_ids()
     todo = [line for line in lines if line.custom_id not in done]
-    print(f"cobali run-batch: {len(lines)} requests, {len(lines) - len(todo)} already in {output_path}, "
-          f"{len(todo)} to run")
-    if not todo:
-        return 0
-    drop_cut_line(output_path)
-    app = build_app(spec, settings)
-    with open(output_path, "a", encoding="utf-8") as out, \
-            tqdm(total=len(lines), initial=len(lines) - len(todo), unit="req", desc="run-batch") as bar:
-        written = asyncio.run(run_batch(app, todo, out, concurrency, bar.update))
-    print(f"wrote {written} results to {output_path}")
+    results.append("run-batch", "requests", len(lines), len(todo), lambda out, on_done: asyncio.run(
+        run_batch(build_app(spec, settings), todo, out, concurrency, on_done)))
+    failed = [line.custom_id for line in todo if line.custom_id not in results.finished_ids()]
+    if failed:
+        print(f"cobali run-batch: {len(failed)} of {len(lines)} requests failed with a server error (5xx), the first "
+              f"{failed[0]!r}: rerun the command to run them again", file=sys.stderr)
+        return 1
     return 0

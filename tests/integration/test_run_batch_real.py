@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cobali.cli import main
+from cobali.synth_lora import write_random_lora
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 LINES = [
@@ -44,3 +45,18 @@ def test_run_batch_names_a_bad_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as exit_info:
         main(["run-batch", "-i", str(source), "-o", str(tmp_path / "out.jsonl")])
     assert exit_info.value.code == 2 and "line 1: url '/v1/models'" in capsys.readouterr().err
+
+
+def test_run_batch_serves_lora_modules(model_path: str, tmp_path: Path) -> None:
+    """As vllm run-batch: a body may name an adapter given with --lora-modules."""
+    adapter = tmp_path / "random.gguf"
+    write_random_lora(model_path, str(adapter), rank=8, alpha=8.0, scale=0.2)
+    source, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [{"custom_id": model, "url": "/v1/completions",
+              "body": {"model": model, "prompt": "1, 2,", "max_tokens": 2}} for model in ("smol", "tuned")]
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["run-batch", "-i", str(source), "-o", str(results), "--served-model-name", "smol",
+                 "--lora-modules", f"tuned={adapter}", "--threads", "1"]) == 0
+    records = {r["custom_id"]: r["response"] for r in map(json.loads, results.read_text().splitlines())}
+    assert {k: (r["status_code"], r["body"]["model"]) for k, r in records.items()} == {
+        "smol": (200, "smol"), "tuned": (200, "tuned")}

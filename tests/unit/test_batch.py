@@ -11,10 +11,11 @@ import pytest
 from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.batch.jobs import Job, Shard, pending_shards, read_jobs, run_shard
+from cobali.cli import main
 from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.jsonl import drop_cut_line, finished_ids
+from cobali.jsonl import ResultsFile
 
 PROMPTS = [f"prompt {i}: " + "abcdefghij"[: 1 + i % 10] * (1 + i % 4) for i in range(12)]
 
@@ -81,7 +82,7 @@ def test_resume_after_a_kill_reruns_the_shard_whole(tmp_path: Path) -> None:
     resumed.write_text("".join(lines[:5]) + lines[5][:10])
     shards = pending_shards(jobs, resumed, max_slots=3)
     assert len(shards) == 1 and len(shards[0].jobs) == 12 and len(shards[0].wanted) == 7
-    drop_cut_line(resumed)  # what `cobali batch` does before it appends
+    ResultsFile(resumed).drop_unfinished()  # what `cobali batch` does before it appends
     assert resumed.read_text() == "".join(lines[:5])
     second = make_engine()
     with resumed.open("a") as f:
@@ -108,7 +109,7 @@ def test_ids_default_to_line_numbers(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_text('{"prompt": "a"}\n\n{"prompt": "b", "max_tokens": 3}\n')
     assert read_jobs(path) == [Job(1, "a"), Job(3, "b", 3)]
-    assert finished_ids(tmp_path / "missing.jsonl") == set()
+    assert ResultsFile(tmp_path / "missing.jsonl").finished_ids() == set()
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -122,3 +123,29 @@ def test_bad_input_is_refused(tmp_path: Path, text: str, message: str) -> None:
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         read_jobs(path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"custom_id": "a", "response": {}}\n', "out.jsonl line 1: no 'id': not a results file"),
+    ('{"id": "q0"}\n{"id": \n{"id": "q2"}\n', "out.jsonl line 2: not JSON"),
+])
+def test_an_output_that_is_not_batchs_is_an_error_naming_its_line(tmp_path: Path, text: str, message: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    output = tmp_path / "out.jsonl"
+    output.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["batch", "--input", str(write_input(tmp_path / "in.jsonl")), "--output", str(output)])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert output.read_text() == text
+
+
+def test_a_resume_keeps_the_results_and_drops_the_cut_line(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    output = tmp_path / "out.jsonl"
+    output.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "c", "te')
+    results = ResultsFile(output)
+    assert results.finished_ids() == {"a", "b"}
+    results.append("batch", "prompts", 3, 1, lambda out, on_done: out.write('{"id": "c"}\n') and 1)
+    assert output.read_text() == '{"id": "a"}\n{"id": "b"}\n{"id": "c"}\n'
+    assert capsys.readouterr().out.splitlines() == [f"cobali batch: 3 prompts, 2 already in {output}, 1 to run",
+                                                    f"wrote 1 results to {output}"]
