@@ -1,7 +1,10 @@
-"""Writing GBNF text as llama.cpp's grammar parser reads it: string literals, and character classes over
-code-point ranges (inclusive (low, high) pairs)."""
+"""Writing GBNF text as llama.cpp's grammar parser reads it: string literals, alternatives, repetitions,
+character classes over code-point ranges (inclusive (low, high) pairs), and characters inside a JSON string."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 
 def gbnf_literal(text: str) -> str:
@@ -15,6 +18,20 @@ def gbnf_literal(text: str) -> str:
         else:
             out.append(hex_escape(ord(char)))
     return '"' + "".join(out) + '"'
+
+
+def json_literal(value: Any) -> str:
+    """A GBNF literal matching `value` as JSON writes it."""
+    return gbnf_literal(json.dumps(value, ensure_ascii=False))
+
+
+def alternatives(options: list[str]) -> str:
+    return options[0] if len(options) == 1 else "( " + " | ".join(options) + " )"
+
+
+def counted(low: int, high: int | None) -> str:
+    """A repetition's `{low,high}` (None: no upper bound)."""
+    return f"{{{low},{'' if high is None else high}}}"
 
 
 def hex_escape(code: int) -> str:
@@ -49,3 +66,29 @@ def without(ranges: list[tuple[int, int]], cut: list[tuple[int, int]]) -> list[t
                 kept.append((c_hi + 1, hi))
         ranges = kept
     return ranges
+
+
+# Inside a JSON string each character is written as json.dumps writes it: these escaped short, the other
+# control characters as \u00xx, the rest as themselves.
+_JSON_SHORT = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r"}
+_JSON_ESCAPED = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
+
+
+def json_text(text: str) -> str:
+    """A GBNF literal for `text` inside a JSON string."""
+    return gbnf_literal(json.dumps(text, ensure_ascii=False)[1:-1])
+
+
+def json_class(ranges: list[tuple[int, int]], negated: bool) -> str:
+    """A character class inside a JSON string: the characters JSON escapes written as their escapes (as
+    json_text writes them), the others as the class."""
+    included = [code for lo, hi in _JSON_ESCAPED for code in range(lo, hi + 1) if contains(ranges, code) != negated]
+    plain = char_class(ranges + _JSON_ESCAPED, True) if negated else char_class(without(ranges, _JSON_ESCAPED), False)
+    options = [plain] if plain != "[]" else []
+    options += [gbnf_literal(_JSON_SHORT[code]) for code in included if code in _JSON_SHORT]
+    for high in (0, 1):  # \u0000-\u000f, then \u0010-\u001f: one class of last digits each
+        lows = [code & 0xF for code in included if code >> 4 == high and code not in _JSON_SHORT]
+        if lows:
+            digits = char_class([(ord(f"{low:x}"), ord(f"{low:x}")) for low in lows], False)
+            options.append(gbnf_literal(f"\\u00{high}") + " " + digits)
+    return alternatives(options)

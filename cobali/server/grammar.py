@@ -10,7 +10,8 @@ from typing import Any
 
 import jsonschema
 
-from cobali.server.json_schema_grammar import JSON_RULES, MAX_SCHEMA_DEPTH, SchemaConverter, alternatives, literal
+from cobali.server.gbnf import alternatives, json_literal
+from cobali.server.json_schema_grammar import JSON_RULES, MAX_SCHEMA_DEPTH, SchemaConverter
 
 
 def check_json_schema(schema: Any) -> None:
@@ -52,7 +53,7 @@ def tool_call_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
     calls = []
     for name, parameters in functions:
         arguments = converter.visit_document(parameters if parameters is not None else {"type": "object"})
-        calls.append(f'"{{\\"name\\": " {literal(name)} ", \\"arguments\\": " {arguments} "}}"')
+        calls.append(f'"{{\\"name\\": " {json_literal(name)} ", \\"arguments\\": " {arguments} "}}"')
     call = '"<tool_call>\\n" ' + alternatives(calls) + ' "\\n</tool_call>"'
     repeat = f' ( "\\n" call ){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
     return f"root ::= call{repeat}\ncall ::= {call}\n{converter.rules_text()}{JSON_RULES}"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from cobali.server.gbnf import alternatives
+
 MAX_DIGITS = 16
 
 
@@ -39,7 +41,7 @@ def integer_range(low: int | None, high: int | None) -> str:
             options.append('"-" ' + _naturals(-top, None if low is None else -low))
     if high is None or high >= 0:
         options.append(_naturals(max(low or 0, 0), high))
-    return options[0] if len(options) == 1 else "( " + " | ".join(options) + " )"
+    return alternatives(options)
 
 
 def _naturals(low: int, high: int | None) -> str:
@@ -51,7 +53,7 @@ def _naturals(low: int, high: int | None) -> str:
         lo = str(low) if n == shortest else "1" + "0" * (n - 1)
         hi = str(high) if high is not None and n == len(str(high)) else "9" * n
         options.append(_same_length(lo, hi))
-    return options[0] if len(options) == 1 else "( " + " | ".join(options) + " )"
+    return alternatives(options)
 
 
 def _same_length(lo: str, hi: str) -> str:
@@ -74,4 +76,4 @@ def _same_length(lo: str, hi: str) -> str:
         digits = f"[{first}-{last}]" if first < last else f'"{first}"'
         options.append(f"{digits} [0-9]{{{rest}}}" if rest else digits)
     options += tail
-    return options[0] if len(options) == 1 else "( " + " | ".join(options) + " )"
+    return alternatives(options)

@@ -2,28 +2,36 @@
 
 Held exactly:
 - "type" (object, array, string, integer, number, boolean, null, or a list of these; object and array implied
-  by "properties" and "items"), "enum", "const", "anyOf", "oneOf", "allOf" (of objects, merged);
+  by "properties" and "items"), "anyOf" and "allOf" (merged: schema_merge), with the keywords beside them;
+- "enum" and "const": the listed values that meet the rest of the schema (checked with jsonschema);
 - "$ref" to the schema itself or into it ("#", "#/$defs/Name", "#/definitions/Name"; recursion included), as
-  pydantic and the openai client's `parse` write them;
-- objects: "properties" in schema order, those not "required" optional; without "properties", an
-  "additionalProperties" schema gives a map of any keys to it, and `false` the empty object;
-- arrays: "items", "prefixItems" (all of them written), "minItems", "maxItems";
+  pydantic and the openai client's `parse` write them, with keywords beside it (as an allOf); a cycle of $refs
+  that never reaches a schema is a ValueError;
+- objects: "properties" in schema order, those not "required" optional, a required key not among them as any
+  value (its additionalProperties schema, if any); without "properties", an "additionalProperties" schema gives
+  a map of any keys to it, and `false` the empty object;
+- arrays: "items", "prefixItems", "minItems", "maxItems";
 - strings: "pattern" (see regex_grammar), "minLength", "maxLength", "format" date, time, date-time, uuid;
 - integers: "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" (integer_grammar).
 
-Loosened (the output is still JSON, and holds the rest of the schema): bounds of non-integer numbers, multiples, remote
-"$ref"s, a "pattern" with a feature regex_grammar refuses, length and item bounds past MAX_BOUND, and any other
-keyword. Objects never get properties beyond those declared (always valid); a declared property is written
-at most once, in schema order.
+Loosened (the output is still JSON, and holds the rest of the schema): "oneOf" (as anyOf), bounds of non-integer
+numbers, multiples, remote "$ref"s, "patternProperties", a "pattern" regex_grammar refuses, "minLength"/"maxLength"
+beside a "pattern" (the pattern is held) and either beside a "format" (the format is), length and item bounds past
+MAX_BOUND, and any other keyword. Objects get no properties beyond those declared or required, each at most once.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 from typing import Any
 
+import jsonschema
+from referencing.exceptions import Unresolvable
+
+from cobali.server.gbnf import alternatives, counted, json_literal
 from cobali.server.integer_grammar import integer_bounds, integer_range
 from cobali.server.regex_grammar import json_string_expression
+from cobali.server.schema_merge import ANNOTATIONS, NoValue, merge
 
 # llama.cpp's grammars/json.gbnf, with bounded whitespace so a model cannot pad forever.
 JSON_RULES = r"""
@@ -62,23 +70,25 @@ def json_schema_grammar(schema: Any) -> str:
     return f"root ::= {root}\n{converter.rules_text()}{JSON_RULES}"
 
 
-def literal(value: Any) -> str:
-    """A GBNF literal matching `value` serialized as JSON (ASCII only, so only \\ and " need escaping)."""
-    text = json.dumps(value, ensure_ascii=True)
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def alternatives(options: list[str]) -> str:
-    return options[0] if len(options) == 1 else "( " + " | ".join(options) + " )"
-
-
 def _bound(schema: dict, key: str) -> int | None:
     value = schema.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_BOUND else None
 
 
 def _repeat(item: str, low: int, high: int | None) -> str:
-    return f"( {item} ){{{low},{'' if high is None else high}}}"
+    return f"( {item} ){counted(low, high)}"
+
+
+def _asserts(schema: dict, *besides: str) -> bool:
+    """Whether `schema` has a keyword that constrains values, other than `besides`."""
+    return any(key not in ANNOTATIONS and key not in besides for key in schema)
+
+
+def _valid(validator: Any, value: Any) -> bool:
+    try:
+        return validator.is_valid(value)
+    except Unresolvable:
+        return True  # a remote $ref: loosened
 
 
 class SchemaConverter:
@@ -92,11 +102,8 @@ class SchemaConverter:
 
     def visit_document(self, schema: Any) -> str:
         """A schema with its own "$ref" namespace; one rule for it, as for "#"."""
-        outer, self.root = self.root, schema
-        try:
-            return self.visit({"$ref": "#"})
-        finally:
-            self.root = outer
+        self.root = schema
+        return self.visit({"$ref": "#"})
 
     def rules_text(self) -> str:
         return "".join(f"{name} ::= {body}\n" for name, body in self.rules.items())
@@ -112,19 +119,19 @@ class SchemaConverter:
             self.depth -= 1
 
     def _visit(self, schema: Any) -> str:
+        if schema is False:
+            raise NoValue("the schema allows no value (false, or allOf members no value meets together)")
         if not isinstance(schema, dict):
             return "value"  # true, {} or anything unreadable: any JSON value
-        if isinstance(schema.get("$ref"), str):
+        if isinstance(schema.get("$ref"), str) and not _asserts(schema, "$ref"):
             return self._ref(schema["$ref"])
-        if isinstance(schema.get("allOf"), list) and schema["allOf"]:
-            return self.visit(self._merged(schema))
-        if "const" in schema:
-            return f"{literal(schema['const'])} ws"
-        if isinstance(schema.get("enum"), list) and schema["enum"]:
-            return alternatives([literal(v) for v in schema["enum"]]) + " ws"
+        if isinstance(schema.get("$ref"), str) or isinstance(schema.get("allOf"), list):
+            return self.visit(self._merged(schema, ()))
+        if "const" in schema or isinstance(schema.get("enum"), list):
+            return self._values(schema)
         for key in ("anyOf", "oneOf"):
-            if isinstance(schema.get(key), list) and schema[key]:
-                return alternatives([self.visit(s) for s in schema[key]])
+            if isinstance(schema.get(key), list):
+                return self._branches(schema, key)
         kind = schema.get("type") or ("object" if "properties" in schema else
                                       "array" if "items" in schema or "prefixItems" in schema else None)
         if isinstance(kind, list) and kind:
@@ -139,8 +146,8 @@ class SchemaConverter:
             return f"{integer_range(*integer_bounds(schema))} ws"
         return kind if kind in _SCALARS else "value"
 
-    def _rule(self, body: str, name: str | None = None) -> str:
-        name = name or f"schema{len(self.rules)}"
+    def _rule(self, body: str) -> str:
+        name = f"schema{len(self.rules)}"
         self.rules[name] = body
         return name
 
@@ -164,34 +171,70 @@ class SchemaConverter:
                 return "value"
             self.refs[key] = name = f"ref{len(self.refs)}"
             self.rules[name] = ""  # the name is taken before the body is built: the body may refer to it
-            self.rules[name] = self.visit(target)
+            self.rules[name] = self.visit(self._merged(target, (ref,)))
         return self.refs[key]
 
-    def _merged(self, schema: dict) -> dict:
-        """allOf's members merged into one schema: properties and required united, other keywords first-set."""
-        merged = {key: value for key, value in schema.items() if key != "allOf"}
-        for member in schema["allOf"]:
-            while isinstance(member, dict) and isinstance(member.get("$ref"), str):
-                member = self._resolve(member["$ref"])
-            if not isinstance(member, dict):
-                continue
-            for key, value in member.items():
-                if key == "properties" and isinstance(value, dict):
-                    merged["properties"] = {**merged.get("properties", {}), **value}
-                elif key == "required" and isinstance(value, list):
-                    merged["required"] = [*merged.get("required", []), *value]
-                else:
-                    merged.setdefault(key, value)
-        return merged
+    def _merged(self, schema: Any, path: tuple[str | None, ...]) -> Any:
+        """`schema` with its top-level $ref and allOf merged in (`path`: the $refs followed to reach it)."""
+        return merge(self._conjuncts(schema, path))
+
+    def _conjuncts(self, schema: Any, path: tuple[str | None, ...]) -> list[Any]:
+        """The schemas that must all hold for `schema` to: itself less $ref and allOf, its $ref's target and
+        allOf's members, flattened. `path` holds the $refs followed (None for an allOf): one met again is a
+        cycle that never reaches a schema (validators loop on it too)."""
+        if not isinstance(schema, dict):
+            return [schema]
+        if len(path) > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"allOf and $ref nest deeper than {MAX_SCHEMA_DEPTH} levels")
+        parts = [{key: value for key, value in schema.items() if key not in ("$ref", "allOf")}]
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            if ref in path:
+                raise ValueError(f"$ref {ref!r} refers back to itself without reaching a schema")
+            target = self._resolve(ref)
+            parts += [] if target is None else self._conjuncts(target, (*path, ref))  # remote: loosened
+        for member in schema["allOf"] if isinstance(schema.get("allOf"), list) else []:
+            parts += self._conjuncts(member, (*path, None))
+        return parts
+
+    def _values(self, schema: dict) -> str:
+        """const or enum: the values that meet the whole schema, as literals."""
+        validator = jsonschema.Draft202012Validator(self.root).evolve(schema=schema)  # $refs read in the root
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        kept = [value for value in values if _valid(validator, value)]
+        if not kept:
+            raise NoValue("no value of the schema's enum or const meets the rest of it")
+        return alternatives([json_literal(value) for value in kept]) + " ws"
+
+    def _branches(self, schema: dict, key: str) -> str:
+        """anyOf or oneOf: each branch with the keywords beside it (as an allOf of both)."""
+        rest = {k: v for k, v in schema.items() if k != key}
+        branches = schema[key]
+        if _asserts(rest):
+            branches = [self._merged({"allOf": [rest, branch]}, ()) for branch in branches]
+        options = []
+        for branch in branches:
+            with contextlib.suppress(NoValue):  # a branch no value meets is left out
+                options.append(self.visit(branch))
+        if not options:
+            raise NoValue(f"no {key} branch allows a value")
+        return alternatives(options)
 
     def _object(self, schema: dict) -> str:
-        properties = schema.get("properties")
-        if isinstance(properties, dict) and properties:
-            required = schema.get("required") if isinstance(schema.get("required"), list) else []
-            members = [(f'{literal(str(key))} ws ":" ws {self.visit(sub)}', key in required)
-                       for key, sub in properties.items()]
-            return self._rule(f'"{{" ws {self._members(members)} "}}" ws')
-        extra = schema.get("additionalProperties")
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        extra = schema.get("additionalProperties", True)
+        # A required key not declared is written too: as additionalProperties allows (loosened beside patterns).
+        named = {**properties, **{key: True if "patternProperties" in schema else extra
+                                  for key in required if isinstance(key, str) and key not in properties}}
+        if named:
+            members = []
+            for key, sub in named.items():
+                if sub is False and key in required:
+                    raise NoValue(f"required property {key!r} is not allowed by the schema")
+                if sub is not False:
+                    members.append((f'{json_literal(key)} ws ":" ws {self.visit(sub)}', key in required))
+            return self._rule(f'"{{" ws {self._members(members)} "}}" ws') if members else '"{" ws "}" ws'
         if extra is False:
             return '"{" ws "}" ws'
         if isinstance(extra, dict):
@@ -200,35 +243,41 @@ class SchemaConverter:
         return "object"
 
     def _members(self, members: list[tuple[str, bool]]) -> str:
-        """Members in order, commas between those written; optional ones may be left out. Rules name the tails
-        (`then`: something was written before; `first`: nothing yet), so the text grows linearly."""
+        """Members in order, commas between those written; optional ones may be left out. A rule names each
+        `then` (the members after one, when something was written before), so the text grows linearly."""
         if all(needed for _, needed in members):
             return ' "," ws '.join(text for text, _ in members)
-        then, first = "", ""
-        for text, needed in reversed(members):
+        then, first = "", ""  # `first`: the members from here on, when nothing was written before
+        for index in reversed(range(len(members))):
+            text, needed = members[index]
             written = f"{text} {then}".strip()
-            then_here = f'"," ws {text} {then}' if needed else f'( "," ws {text} )? {then}'
             first = written if needed else f"( {written} | {first} )" if first else f"( {written} )?"
-            then = self._rule(then_here.strip())
-            first = self._rule(first)
+            if index:  # the first member's `then` would be read by nothing
+                then = self._rule((f'"," ws {text} {then}' if needed else f'( "," ws {text} )? {then}').strip())
         return first
 
     def _array(self, schema: dict) -> str:
-        prefix = schema.get("prefixItems")
-        if isinstance(prefix, list) and prefix:
-            rest = schema.get("items", True)
-            parts = ' "," ws '.join(self.visit(s) for s in prefix)
-            more = "" if rest is False else f' ( "," ws {self.visit(rest)} )*'
-            return self._rule(f'"[" ws {parts}{more} "]" ws')
-        item = self.visit(schema.get("items", True))
+        prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+        rest = schema.get("items", True)
         low, high = _bound(schema, "minItems") or 0, _bound(schema, "maxItems")
+        if rest is False:
+            high = len(prefix) if high is None else min(high, len(prefix))
         if high is not None and high < low:
-            raise ValueError(f"minItems {low} exceeds maxItems {high}")
-        if high == 0:
-            return '"[" ws "]" ws'
-        more = _repeat(f'"," ws {item}', max(low - 1, 0), None if high is None else high - 1)
-        items = f"{item} {more}" if low else f"( {item} {more} )?"
-        return self._rule(f'"[" ws {items} "]" ws')
+            raise NoValue(f"the array needs {low} items but allows at most {high}")
+        items = [self.visit(sub) for sub in prefix[:high]]
+        tail = ""  # the items past the prefix, as many as the bounds leave
+        if high is None or high > len(items):
+            item, n = self.visit(rest), len(items)
+            if n:
+                tail = _repeat(f'"," ws {item}', max(low - n, 0), None if high is None else high - n)
+            else:
+                more = _repeat(f'"," ws {item}', max(low - 1, 0), None if high is None else high - 1)
+                tail = f"{item} {more}" if low else f"( {item} {more} )?"
+        for index in reversed(range(len(items))):  # the prefix, its first minItems written
+            comma = '"," ws ' if index else ""
+            written = f"{comma}{items[index]} {tail}".strip()
+            tail = written if index < low else f"( {written} )?"
+        return self._rule(f'"[" ws {tail} "]" ws') if tail else '"[" ws "]" ws'
 
     def _string(self, schema: dict) -> str:
         form = schema.get("format")
@@ -246,5 +295,6 @@ class SchemaConverter:
         if low is None and high is None:
             return "string"
         if high is not None and high < (low or 0):
-            raise ValueError(f"minLength {low} exceeds maxLength {high}")
+            raise NoValue(f"minLength {low} exceeds maxLength {high}")
         return f'"\\"" {_repeat("char", low or 0, high)} "\\"" ws'
+

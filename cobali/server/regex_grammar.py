@@ -6,20 +6,21 @@ What is not regular, or not worth a grammar, is refused with a ValueError naming
 backreferences, conditionals, atomic groups and possessive repeats, word boundaries, inline flags, anchors
 anywhere but the pattern's ends, and a NUL character (llama.cpp reads grammars as C strings). Classes read as
 ASCII (`re.ASCII`): \\d is [0-9], \\w is [A-Za-z0-9_], \\s is [ \\t\\n\\r\\f\\v]; `.` is any character but a
-newline. Lazy repeats match the same texts as greedy ones.
+newline. Lazy repeats match the same texts as greedy ones. Braces read as Python reads them: `{m}`, `{m,}`,
+`{,n}`, `{m,n}` and `{,}` (ASCII digits) repeat, any other `{` is itself. Groups nest at most MAX_NESTING deep.
 
-Inside a JSON string each character is written as JSON writes it: `"` and `\\` escaped, a newline, tab or
-carriage return as \\n, \\t, \\r; other control characters are left out.
+Inside a JSON string each character is written as json.dumps writes it (gbnf.json_text).
 """
 
 from __future__ import annotations
 
-import json
+import re
 from typing import NoReturn
 
-from cobali.server.gbnf import char_class, contains, gbnf_literal, without
+from cobali.server.gbnf import alternatives, char_class, counted, gbnf_literal, json_class, json_text
 
 MAX_REPEAT = 1000  # llama.cpp refuses repetitions past 2000, and long ones of big groups sooner
+MAX_NESTING = 50  # groups in groups; each level is a few Python frames of the recursive descent
 
 _DIGITS = [(0x30, 0x39)]
 _WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
@@ -29,9 +30,7 @@ _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 _REFUSED_GROUPS = {"=": "lookahead", "!": "negative lookahead", "<=": "lookbehind", "<!": "negative lookbehind",
                    "P=": "backreference", ">": "atomic group", "(": "conditional", "#": "comment"}
-# Characters a JSON string writes escaped, and how; the other control characters are left out.
-_JSON_ESCAPED = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-_JSON_CONTROL = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
+_COUNTS = re.compile(r"\{([0-9]*)(,?)([0-9]*)\}")  # ASCII digits, as Python's re reads them
 MAX_CODE = 0x10FFFF
 
 
@@ -59,13 +58,14 @@ class RegexTranslator:
         self.pattern, self.pos, self.in_json = pattern, 0, in_json
         self.anchored = (False, False)
         self.top_level_branches = 1
+        self.nesting = 0
 
     def translate(self) -> str:
         branches = self._branches()
         if self.pos < len(self.pattern):
             self._fail("unbalanced ')'")
         self.top_level_branches = len(branches)
-        return branches[0] if len(branches) == 1 else "( " + " | ".join(branches) + " )"
+        return alternatives(branches)
 
     def _fail(self, what: str) -> NoReturn:
         raise ValueError(f"regex {self.pattern!r}: {what} at position {self.pos}")
@@ -101,13 +101,17 @@ class RegexTranslator:
         return " ".join(items) if items else '""'
 
     def _text(self, text: str) -> str:
+        if self.in_json:
+            return json_text(text)  # a NUL is written as \u0000
         if "\0" in text:
             self._fail("a NUL character (llama.cpp's grammars cannot match one)")
-        return gbnf_literal(json.dumps(text, ensure_ascii=False)[1:-1] if self.in_json else text)
+        return gbnf_literal(text)
 
     def _atom(self) -> tuple[str | None, str | None]:
         """(GBNF expression, the plain character it is, if it is one); (None, None) for an anchor."""
         char = self._peek()
+        if char in "*+?" or self._counts() is not None:
+            self._fail("nothing to repeat")
         self.pos += 1
         if char == "(":
             return self._group(), None
@@ -120,9 +124,6 @@ class RegexTranslator:
         if char in "^$":
             self._anchor(start=char == "^", length=1)
             return None, None
-        if char in "*+?" or (char == "{" and self._counts() is not None):
-            self.pos -= 1
-            self._fail("nothing to repeat")
         return self._text(char), char
 
     def _anchor(self, start: bool, length: int) -> None:
@@ -133,6 +134,9 @@ class RegexTranslator:
         self.anchored = (True, self.anchored[1]) if start else (self.anchored[0], True)
 
     def _group(self) -> str:
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            self._fail(f"groups nested deeper than {MAX_NESTING}")
         if self._peek() == "?":
             self.pos += 1
             if self.pattern.startswith(":", self.pos):
@@ -150,6 +154,7 @@ class RegexTranslator:
         if self._peek() != ")":
             self._fail("missing ')'")
         self.pos += 1
+        self.nesting -= 1
         return "( " + " | ".join(branches) + " )"
 
     def _names_a_group(self) -> bool:
@@ -158,17 +163,14 @@ class RegexTranslator:
         return self.pattern.startswith(("P<", "<"), self.pos) and self.pattern[name_at:name_at + 1] not in ("=", "!")
 
     def _counts(self) -> tuple[int, int | None, int] | None:
-        """A `{m}`, `{m,}`, `{m,n}` or `{,n}` at the position: (min, max or None, its length); None when the
-        brace is a plain character, as Python reads it."""
-        end = self.pattern.find("}", self.pos)
-        if self._peek() != "{" or end < 0:
+        """A `{m}`, `{m,}`, `{m,n}`, `{,n}` or `{,}` at the position: (min, max or None, its length); None when
+        the brace is a plain character, as Python reads it (`{}` included)."""
+        match = _COUNTS.match(self.pattern, self.pos)
+        if match is None or match.group() == "{}":
             return None
-        low, comma, high = self.pattern[self.pos + 1:end].partition(",")
-        if not (low or high) or not (low.isdigit() or not low) or not (high.isdigit() or not high):
-            return None
-        if not comma:
-            high = low
-        return int(low or 0), int(high) if high else None, end + 1 - self.pos
+        low, comma, high = match.groups()
+        high_count = int(high) if high else None if comma else int(low)  # `{m}` is `{m,m}`
+        return int(low or 0), high_count, match.end() - self.pos
 
     def _quantifier(self) -> str:
         char = self._peek()
@@ -182,7 +184,7 @@ class RegexTranslator:
             if max(low, high or 0) > MAX_REPEAT:
                 self._fail(f"repeat counts above {MAX_REPEAT}")
             self.pos += length
-            text = f"{{{low},{'' if high is None else high}}}"
+            text = counted(low, high)
         else:
             return ""
         if self._peek() == "+":
@@ -277,16 +279,4 @@ class RegexTranslator:
         return self._escaped_code()
 
     def _set(self, ranges: list[tuple[int, int]], negated: bool) -> str:
-        """A class; in a JSON string its `"`, `\\` and control characters become escapes or are left out."""
-        if not self.in_json:
-            return char_class(ranges, negated)
-        included = [c for c in _JSON_ESCAPED if contains(ranges, ord(c)) != negated]
-        if negated:
-            plain = char_class(ranges + _JSON_CONTROL, True)
-        else:
-            plain = char_class(without(ranges, _JSON_CONTROL), False)
-        options = [plain] if plain != "[]" else []
-        options += [gbnf_literal(_JSON_ESCAPED[c]) for c in included]
-        if not options:
-            self._fail("a class of control characters only")
-        return options[0] if len(options) == 1 else "( " + " | ".join(options) + " )"
+        return json_class(ranges, negated) if self.in_json else char_class(ranges, negated)

@@ -26,9 +26,9 @@ from cobali.server.regex_grammar import regex_grammar
 MAX_CHOICES = 256  # alternatives of a choice; each is one literal of the grammar
 
 
-def choice_grammar(choices: list[str]) -> str:
+def choice_grammar(choices: list[str], name: str) -> str:
     if not choices or len(choices) > MAX_CHOICES or not all(choices):
-        raise ValueError(f"choice must be 1 to {MAX_CHOICES} non-empty strings")
+        raise ValueError(f"{name} must be 1 to {MAX_CHOICES} non-empty strings")
     return "root ::= " + " | ".join(gbnf_literal(c) for c in choices)
 
 
@@ -75,7 +75,7 @@ class StructuredOutputs(Body):
 
     def to_grammar(self) -> str:
         if self.choice is not None:
-            return choice_grammar(self.choice)
+            return choice_grammar(self.choice, "structured_outputs.choice")
         if self.json_schema is not None:
             return schema_grammar(self.json_schema, "structured_outputs.json")
         if self.grammar is not None:
@@ -110,7 +110,7 @@ class StructuredRequest(RequestBody):
 # Each field's grammar, from its value and its name (for the error that refuses it).
 _GRAMMARS: dict[str, Callable[[Any, str], str]] = {
     "structured_outputs": lambda value, _name: value.to_grammar(),
-    "guided_choice": lambda value, _name: choice_grammar(value),
+    "guided_choice": choice_grammar,
     "guided_json": schema_grammar,
     "guided_grammar": raw_grammar,
     "guided_regex": pattern_grammar,

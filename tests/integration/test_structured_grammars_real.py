@@ -30,7 +30,7 @@ PATTERNS = [
     r"\d{3}-\d{4}", r"[A-Z][a-z]+( [A-Z][a-z]+)*", r"(cat|dog)s?", r"[^,\n]{1,8}(,[^,\n]{1,8}){0,3}",
     r"^\w+@\w+\.(com|org)$", r"a.c", r"\s*\(\d+\)\s*", r"[\]\-^]+", r"x{2,}y{,2}z?", r"(?:ab)+|c",
     r"(?P<year>\d\d)\.\d", r"[\x41-\x43\u00e9]+", r"\\[n\"]", r'"quoted"', r"", r"a|", r"()a",
-    r"[^a-z]{0,5}", r"\W\D\S", r"\x01?a", r"é+ü", r"[\d\s]+?x", r"\t\n", r"a{",
+    r"[^a-z]{0,5}", r"\W\D\S", r"\x01?a", r"é+ü", r"[\d\s]+?x", r"\t\n", r"a{", r"a{{2}", r"x{,}y{}",
 ]
 TEXTS = st.text(alphabet=st.sampled_from(list("abcdxyz019-,. \n\t()@ABC\"\\]^éü{")), max_size=10)
 EXAMPLES = settings(max_examples=40, derandomize=True, database=None, deadline=None,
@@ -87,6 +87,19 @@ MAP = {"type": "object", "additionalProperties": {"type": "integer"}}
 TUPLE = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False}
 TUPLE_MORE = {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}}
 BOUNDED = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3}
+UNDECLARED = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "z"]}
+EITHER = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+          "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
+TIGHTER = {"allOf": [{"type": "integer", "minimum": 3, "maximum": 50}, {"minimum": 5, "maximum": 60}]}
+NARROWER = {"allOf": [{"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+                      {"minItems": 2, "items": {"minimum": 0}}]}
+CLOSED = {"allOf": [{"properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+                    {"properties": {"b": {"type": "string"}}}]}
+REF_BESIDE = {"$defs": {"S": {"type": "string"}}, "$ref": "#/$defs/S", "maxLength": 2}
+TUPLE_BOUNDED = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "minItems": 1,
+                 "maxItems": 3, "items": {"type": "boolean"}}
+ENUM_TYPED = {"enum": ["a", 1, "bb", None], "type": "string", "maxLength": 1}
+CONTROL = {"type": "string", "pattern": "^[\\x01-\\x03a]+\\x02$"}
 SEARCH = {"type": "string", "pattern": "ab+c"}
 ESCAPED = {"type": "string", "pattern": '^a"b\\\\c[\\n"]$'}
 
@@ -113,6 +126,15 @@ CASES = [  # (schema, texts it must allow, texts it must refuse): each refused o
     (BOUNDED, ["[1, 2]", "[1, 2, 3]"], ["[1]", "[1, 2, 3, 4]", "[]"]),
     (SEARCH, ['"xxabbcyy"', '"abc"'], ['"ac"', '"abd"']),
     (ESCAPED, ['"a\\"b\\\\c\\n"', '"a\\"b\\\\c\\""'], ['"a\\"b\\\\cx"', '"a\\"b\\c\\n"']),
+    (UNDECLARED, ['{"a": 1, "z": 3}', '{"a": 1, "z": [1, "x"]}'], ['{"a": 1}', '{"z": 1}', "{}"]),
+    (EITHER, ['{"a": 1}', '{"b": "x"}', '{"a": 1, "b": "x"}'], ["3", "{}", '{"a": "x"}']),
+    (TIGHTER, ["5", "50"], ["3", "4", "51", "60"]),
+    (NARROWER, ["[1, 2]", "[1, 2, 3]"], ["[1]", "[1, -2]", "[1, 2, 3, 4]", '["a", 1]']),
+    (CLOSED, ["{}", '{"a": 1}'], ['{"b": "x"}', '{"a": 1, "b": "x"}']),
+    (REF_BESIDE, ['"a"', '"ab"'], ['"abc"', "1"]),
+    (TUPLE_BOUNDED, ['["a"]', '["a", 1]', '["a", 1, true]'], ["[]", '["a", 1, true, false]', "[1]"]),
+    (ENUM_TYPED, ['"a"'], ["1", '"bb"', "null"]),
+    (CONTROL, ['"a\\u0002"', '"\\u0001\\u0003\\u0002"'], ['"\\u0004\\u0002"', '"a\\u0001"']),
 ]
 
 

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from cobali.server.regex_grammar import MAX_REPEAT, json_string_expression, regex_grammar
+from cobali.server.json_schema_grammar import json_schema_grammar
+from cobali.server.regex_grammar import MAX_NESTING, MAX_REPEAT, json_string_expression, regex_grammar
 
 
 @pytest.mark.parametrize("pattern, named", [
@@ -24,7 +25,8 @@ def test_what_a_grammar_cannot_hold_is_refused_by_name(pattern: str, named: str)
         regex_grammar(pattern)
 
 
-@pytest.mark.parametrize("pattern", ["a**", "(", "a)", "[a", "*a", "a|*", "[z-a]", "a\\", "a{2}{3}"])
+@pytest.mark.parametrize("pattern", ["a**", "(", "a)", "[a", "*a", "a|*", "[z-a]", "a\\", "a{2}{3}", "{2}", "{,}",
+                                     "a|{2}", "^{2}", "(?:{1,2})"])
 def test_what_python_refuses_is_refused(pattern: str) -> None:
     with pytest.raises(re.error):
         re.compile(pattern)
@@ -38,3 +40,32 @@ def test_a_json_pattern_is_searched_unless_anchored() -> None:
     assert json_string_expression("^ab", "char") == '( "ab" ) char*'
     with pytest.raises(ValueError, match="anchors inside an alternation"):
         json_string_expression("^a|b$", "char")
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    ("a{{2}", '"a" ( "{" ){2,2}'), ("a{,}", '( "a" ){0,}'), ("a{}", '"a{}"'), ("{}", '"{}"'),
+    ("a{\u0663}", '"a{\\u0663}"'), ("a{\u00b2}", '"a{\\xB2}"'), ("a{2}{", '( "a" ){2,2} "{"'),
+])
+def test_braces_are_read_as_python_reads_them(pattern: str, expected: str) -> None:
+    """A brace repeats only as `{m}`, `{m,}`, `{,n}`, `{m,n}` or `{,}` of ASCII digits; otherwise it is itself."""
+    re.compile(pattern)
+    assert regex_grammar(pattern) == f"root ::= {expected}\n"
+
+
+def test_deep_nesting_is_refused_by_name() -> None:
+    deep = "(" * 300 + "a" + ")" * 300
+    with pytest.raises(ValueError, match=f"nested deeper than {MAX_NESTING}"):
+        regex_grammar(deep)
+    with pytest.raises(ValueError, match="nested deeper"):
+        json_string_expression(deep, "char")
+    assert "string" in json_schema_grammar({"type": "string", "pattern": deep})  # loosened, as documented
+    shallow = "(" * MAX_NESTING + "a" + ")" * MAX_NESTING
+    assert regex_grammar(shallow)
+
+
+def test_control_characters_in_a_json_string_are_escaped_alike_in_text_and_classes() -> None:
+    """As json.dumps writes them: \\u0001 in a literal and in a class alike, short escapes where JSON has them."""
+    assert json_string_expression("^\\x01\\x08$", "char") == '( "\\\\u0001\\\\b" )'
+    assert json_string_expression("^[\\x01]$", "char") == '( "\\\\u000" [1] )'
+    assert json_string_expression("^[\\x08\\x1f]$", "char") == '( ( "\\\\b" | "\\\\u001" [f] ) )'
+    assert json_string_expression("^\\x00$", "char") == '( "\\\\u0000" )'  # no NUL byte in the JSON text

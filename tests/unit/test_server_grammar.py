@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
+from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, MAX_SCHEMA_DEPTH, json_schema_grammar
+from cobali.server.schema_merge import merge
 
 _LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
 
@@ -22,12 +23,16 @@ def rules(grammar: str) -> dict[str, str]:
 
 
 def assert_closed(grammar: str) -> None:
-    """Every rule referenced is defined, and root exists."""
+    """Every rule referenced is defined, root exists, and every rule is referenced (none written for nothing)."""
     defined = rules(grammar)
     assert "root" in defined
+    referenced = set()
     for name, body in defined.items():
         for ref in re.findall(r"[A-Za-z][A-Za-z0-9-]*", _LITERAL.sub(" ", body)):
             assert ref in defined, f"rule {name} references undefined {ref}"
+            referenced.add(ref)
+    unused = {name for name in defined if name not in referenced and not name.startswith("format-")} - {"root"}
+    assert not unused - set(rules(JSON_OBJECT_GRAMMAR)), f"rules nothing references: {unused}"
 
 
 def test_json_object_grammar_roots_at_object() -> None:
@@ -43,6 +48,8 @@ def test_json_object_grammar_roots_at_object() -> None:
     {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}}}},
     {"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"},
     {"type": "object", "properties": {"child": {"$ref": "#"}, "n": {"type": "integer"}}, "required": ["n"]},
+    {"type": "object", "properties": {k: {"type": "integer"} for k in "abcde"}, "required": ["c"]},
+    {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}},
     True,
     {},
 ])
@@ -88,3 +95,87 @@ def test_a_reference_to_nothing_is_refused() -> None:
 def test_integer_bounds_no_integer_meets_are_refused(bounds: dict) -> None:
     with pytest.raises(ValueError, match="no integer lies between"):
         json_schema_grammar({"type": "integer", **bounds})
+
+
+@pytest.mark.parametrize("schema", [
+    {"$defs": {"A": {"$ref": "#/$defs/A"}}, "allOf": [{"$ref": "#/$defs/A"}]},
+    {"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"},
+    {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"},
+    {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"allOf": [{"$ref": "#/$defs/A"}]}}, "type": "object",
+     "properties": {"x": {"$ref": "#/$defs/A"}}},
+    {"$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}], "type": "object"}}, "$ref": "#/$defs/A"},
+    {"$ref": "#"},
+])
+def test_a_ref_cycle_that_reaches_no_schema_is_refused(schema: dict) -> None:
+    with pytest.raises(ValueError, match=r"\$ref '#(/\$defs/[AB])?' refers back to itself"):
+        json_schema_grammar(schema)
+
+
+@pytest.mark.parametrize("key", ["items", "allOf", "anyOf", "properties"])
+def test_deep_schemas_are_refused_not_a_recursion_error(key: str) -> None:
+    wrap = {"items": lambda s: s, "allOf": lambda s: [s], "anyOf": lambda s: [s], "properties": lambda s: {"x": s}}
+    schema: dict = {}
+    for _ in range(2000):
+        schema = {key: wrap[key](schema)}
+    with pytest.raises(ValueError, match=f"deeper than {MAX_SCHEMA_DEPTH}"):
+        json_schema_grammar(schema)
+
+
+def test_a_required_key_not_declared_is_written_as_its_extra_schema() -> None:
+    grammar = json_schema_grammar({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["z"]})
+    assert r'"\"z\"" ws ":" ws value' in grammar
+    typed = json_schema_grammar({"type": "object", "required": ["z"], "additionalProperties": {"type": "null"}})
+    assert r'"\"z\"" ws ":" ws null' in typed
+    with pytest.raises(ValueError, match="required property 'z' is not allowed"):
+        json_schema_grammar({"type": "object", "properties": {"a": {}}, "required": ["z"],
+                             "additionalProperties": False})
+
+
+def test_all_of_takes_the_tighter_bound_and_unites_the_rest() -> None:
+    assert merge([{"type": "integer", "minimum": 3, "maxLength": 9, "exclusiveMaximum": 50},
+                  {"minimum": 5, "maxLength": 4, "exclusiveMaximum": 60, "title": "t"}]) == \
+        {"type": "integer", "minimum": 5, "maxLength": 4, "exclusiveMaximum": 50}
+    assert merge([{"type": ["number", "string"]}, {"type": "integer"}])["type"] == ["integer"]
+    assert merge([{"enum": [1, 2, True]}, {"enum": [2, 1.5, True]}])["enum"] == [2, True]
+    assert merge([{"properties": {"a": {"minimum": 1}}, "required": ["a"]},
+                  {"properties": {"a": {"maximum": 2}, "b": {}}, "required": ["b", "a"]}]) == \
+        {"properties": {"a": {"allOf": [{"minimum": 1}, {"maximum": 2}]}, "b": {}}, "required": ["a", "b"]}
+    assert merge([{"prefixItems": [{"type": "string"}], "items": False}, {"items": {"minLength": 1}}]) == \
+        {"prefixItems": [{"allOf": [{"type": "string"}, {"minLength": 1}]}], "items": False}
+    assert merge([{"type": "string"}, {"type": "null"}]) is False
+    assert merge([{"const": 1}, {"const": 2}]) is False
+    with pytest.raises(ValueError, match="'pattern' different values"):
+        merge([{"pattern": "a"}, {"pattern": "b"}])
+
+
+def test_all_of_holds_each_members_additional_properties() -> None:
+    closed = merge([{"properties": {"a": {}}, "additionalProperties": False},
+                    {"properties": {"b": {"type": "integer"}}, "additionalProperties": {"type": "integer"}}])
+    assert closed == {"properties": {"a": {"type": "integer"}, "b": False}, "additionalProperties": False}
+
+
+def test_keywords_beside_a_ref_or_an_any_of_are_held() -> None:
+    beside_ref = json_schema_grammar({"$defs": {"S": {"type": "string"}}, "$ref": "#/$defs/S", "maxLength": 2})
+    assert root_body(beside_ref) == r'"\"" ( char ){0,2} "\"" ws'
+    inner = json_schema_grammar({"$defs": {"S": {"type": "string"}}, "type": "object", "required": ["s"],
+                                 "properties": {"s": {"$ref": "#/$defs/S", "maxLength": 2}}})
+    assert r'"\"s\"" ws ":" ws "\"" ( char ){0,2} "\"" ws' in inner
+    either = json_schema_grammar({"type": "object", "properties": {"a": {"type": "integer"}},
+                                  "anyOf": [{"required": ["a"]}, {"properties": {"a": {"minimum": 0}}}]})
+    assert "value" not in root_body(either)
+    assert root_body(json_schema_grammar({"anyOf": [{"type": "integer"}, {"type": "null"}], "type": "integer"})) == \
+        "integer"  # the null branch meets no value beside "type": left out
+
+
+def test_enum_keeps_only_the_values_the_rest_of_the_schema_allows() -> None:
+    assert root_body(json_schema_grammar({"enum": ["a", 1, "bb"], "type": "string", "maxLength": 1})) == r'"\"a\"" ws'
+    with pytest.raises(ValueError, match="no value of the schema's enum"):
+        json_schema_grammar({"const": 1, "type": "string"})
+
+
+def test_prefix_items_keep_min_and_max_items() -> None:
+    grammar = json_schema_grammar({"prefixItems": [{"type": "string"}, {"type": "null"}], "minItems": 1,
+                                   "maxItems": 1})
+    assert rules(grammar)[root_body(grammar)].strip() == '"[" ws string "]" ws'
+    with pytest.raises(ValueError, match="needs 2 items but allows at most 1"):
+        json_schema_grammar({"prefixItems": [{}], "items": False, "minItems": 2})

@@ -27,12 +27,12 @@ def grammar_of(**fields) -> str | None:
 def test_literals_escape_what_gbnf_would_read_otherwise() -> None:
     assert gbnf_literal('say "hi"\\') == r'"say \"hi\"\\"'
     assert gbnf_literal("a\nb\té😀") == r'"a\x0Ab\x09\xE9\U0001F600"'
-    assert choice_grammar(["yes", "no"]) == 'root ::= "yes" | "no"'
+    assert choice_grammar(["yes", "no"], "choice") == 'root ::= "yes" | "no"'
 
 
 @pytest.mark.parametrize("fields, expected", [
-    ({"guided_choice": ["yes", "no"]}, choice_grammar(["yes", "no"])),
-    ({"structured_outputs": {"choice": ["yes", "no"]}}, choice_grammar(["yes", "no"])),
+    ({"guided_choice": ["yes", "no"]}, choice_grammar(["yes", "no"], "guided_choice")),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, choice_grammar(["yes", "no"], "choice")),
     ({"guided_json": SCHEMA}, json_schema_grammar(SCHEMA)),
     ({"guided_json": '{"type": "object", "properties": {"ok": {"type": "boolean"}}}'}, json_schema_grammar(SCHEMA)),
     ({"structured_outputs": {"json": SCHEMA}}, json_schema_grammar(SCHEMA)),
@@ -65,8 +65,9 @@ def api() -> Iterator[TestClient]:
     ({"structured_outputs": {"regex": "(?=a)b"}}, "structured_outputs.regex: regex '(?=a)b': lookahead"),
     ({"guided_regex": r"(a)\1"}, "guided_regex: regex '(a)\\\\1': backreference"),
     ({"guided_regex": "a{3,2}"}, "repeat 3 exceeds its maximum 2"),
-    ({"guided_choice": []}, "choice must be 1 to 256 non-empty strings"),
-    ({"guided_choice": ["a", ""]}, "choice must be 1 to 256 non-empty strings"),
+    ({"guided_choice": []}, "guided_choice must be 1 to 256 non-empty strings"),
+    ({"guided_choice": ["a", ""]}, "guided_choice must be 1 to 256 non-empty strings"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice must be 1 to 256 non-empty strings"),
     ({"guided_json": "{not json"}, "guided_json is not valid JSON"),
     ({"json_schema": {"type": "nope"}}, "invalid JSON schema"),
     ({"grammar": "  "}, "grammar is empty"),
