@@ -3,6 +3,9 @@ schema and a regex, back to back on one model load, several rounds alternating.
 
     .venv/bin/python bench/grammar_sampling.py --requests 8 --slots 8 --max-new 64 --rounds 2
 
+--top-p below 1 makes the chain truncate: a refused draw then sends the whole vocabulary through the grammar at
+once, where a chain that truncates nothing draws again first (cobali/backends/llama_cpp/sampler.py).
+
 Host time is the tick's time outside llama_decode: sampling, grammar checks and bookkeeping.
 """
 
@@ -28,11 +31,12 @@ GRAMMARS = {"none": None, "json_object": JSON_OBJECT_GRAMMAR, "schema": json_sch
             "regex": regex_grammar(r"[A-Z][a-z]+( [a-z]+){0,60}\.")}
 
 
-def run(backend: LlamaCppBackend, grammar: str | None, requests: int, slots: int, max_new: int) -> dict:
+def run(backend: LlamaCppBackend, grammar: str | None, requests: int, slots: int, max_new: int,
+        top_p: float = 1.0) -> dict:
     engine = Engine(backend, EngineConfig(max_slots=slots, prefix_cache=False))
     start = time.perf_counter()
     done = [engine.add_request("Describe a film as JSON.", SamplingParams(
-        max_tokens=max_new, temperature=1.0, seed=i, grammar=grammar)) for i in range(requests)]
+        max_tokens=max_new, temperature=1.0, top_p=top_p, seed=i, grammar=grammar)) for i in range(requests)]
     engine.run_until_done()
     wall = time.perf_counter() - start
     tokens = sum(len(r.output_tokens) for r in done)
@@ -47,6 +51,7 @@ def main() -> None:
     parser.add_argument("--max-new", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parser.parse_args()
     backend = LlamaCppBackend(LlamaCppConfig(embedded_model_path(), n_seq_max=args.slots, n_threads=args.threads))
     results: dict[str, list[dict]] = {name: [] for name in GRAMMARS}
@@ -54,7 +59,7 @@ def main() -> None:
         run(backend, None, 2, 2, 8)  # warm-up
         for _ in range(args.rounds):
             for name, grammar in GRAMMARS.items():
-                results[name].append(run(backend, grammar, args.requests, args.slots, args.max_new))
+                results[name].append(run(backend, grammar, args.requests, args.slots, args.max_new, args.top_p))
     finally:
         backend.close()
     print(f"{'constraint':<12} {'tokens':>7} {'tok/s':>14} {'host ms/token':>15}")

@@ -54,8 +54,10 @@ class LlamaCppBackend:
         self.device_greedy = DeviceGreedy(self.ctx, self.info.n_seq_max) if options.backend_sampling else None
         self._pieces: dict[int, bytes] = {}
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
+        self._last_logits = np.zeros((0, n_vocab), dtype=np.float32)  # the last decode's output rows
         self._embedder: Embedder | None = None
-        self._candidates: Candidates | None = None
+        # Made here, not on a first grammar: the server's threads make samplers too (to compile a grammar).
+        self._candidates = Candidates(n_vocab)
 
     @staticmethod
     def _load_model(model_path: str, options: LlamaCppConfig):
@@ -112,7 +114,8 @@ class LlamaCppBackend:
         n_out = int(np.count_nonzero(want_logits[:n]))
         if n_out == 0:
             return np.zeros((0, self.info.n_vocab), dtype=np.float32)
-        return self._logits_view(n_out)
+        self._last_logits = self._logits_view(n_out)
+        return self._last_logits
 
     def _logits_view(self, n_out: int) -> np.ndarray:
         """The output rows llama_get_logits points at (in batch order), viewed without copying. A view is made
@@ -125,6 +128,10 @@ class LlamaCppBackend:
                 self._logits_views.clear()
             view = self._logits_views[key] = np.ctypeslib.as_array(pointer, shape=(n_out, self.info.n_vocab))
         return view
+
+    def _logits_row(self, row: int) -> np.ndarray:
+        """Batch row `row`'s logits in the last decode (a row that asked for them: the outputs are in batch order)."""
+        return self._last_logits[np.count_nonzero(self._batch.arrays.want_logits[:row])]
 
     def argmax(self, logits: np.ndarray) -> np.ndarray:
         if self.device_greedy is not None:
@@ -254,10 +261,9 @@ class LlamaCppBackend:
     # ---- sampling ---------------------------------------------------------------------------------
 
     def new_sampler(self, params: SamplingParams) -> LlamaCppSampler:
-        # Samplers run one at a time, on the thread that samples: one candidates buffer serves them all.
-        if params.grammar is not None and self._candidates is None:
-            self._candidates = Candidates(self.info.n_vocab)
-        return LlamaCppSampler(self.ctx, self.vocab, params, self._candidates)
+        # Only the engine's thread samples (the server's threads make samplers just to compile a grammar, and close
+        # them unused): one candidates buffer serves every sampler.
+        return LlamaCppSampler(self.ctx, self.vocab, params, self._candidates, self._logits_row)
 
     def close(self) -> None:
         if self._embedder is not None:

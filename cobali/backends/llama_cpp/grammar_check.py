@@ -11,7 +11,9 @@ from __future__ import annotations
 import ctypes
 
 import llama_cpp as ll
+import numpy as np
 
+from cobali.backends.llama_cpp.sampler import Candidates
 from cobali.backends.llama_cpp.tools import silence_logs
 
 
@@ -26,8 +28,7 @@ class GrammarCheck:
             raise ValueError(f"could not load a GGUF vocabulary from {model_path}")
         self.vocab = ll.llama_model_get_vocab(self.model)
         self.end = ll.llama_vocab_eos(self.vocab)
-        self._cell = (ll.llama_token_data * 1)()
-        self._array = ll.llama_token_data_array(data=self._cell, size=1, selected=-1, sorted=False)
+        self._candidates = Candidates(ll.llama_vocab_n_tokens(self.vocab))  # the sampler's own checks
 
     def compiles(self, grammar: str) -> bool:
         sampler = ll.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
@@ -45,30 +46,25 @@ class GrammarCheck:
             raise ValueError("llama.cpp cannot parse the grammar")
         try:
             for token in self.tokenize(text):
-                if not self._allowed(sampler, token):
+                if not self._candidates.allows(sampler, token):
                     return False
                 ll.llama_sampler_accept(sampler, token)
-            return self._allowed(sampler, self.end)
+            return self._candidates.allows(sampler, self.end)
         finally:
             ll.llama_sampler_free(sampler)
 
     def first_tokens(self, grammar: str) -> set[int]:
-        """The tokens the grammar allows first: the whole vocabulary through it once."""
-        n_vocab = ll.llama_vocab_n_tokens(self.vocab)
-        cells = (ll.llama_token_data * n_vocab)(*((t, 0.0, 0.0) for t in range(n_vocab)))
-        array = ll.llama_token_data_array(data=cells, size=n_vocab, selected=-1, sorted=False)
+        """The tokens the grammar allows first: the whole vocabulary through it once, as the sampler's fallback."""
         sampler = ll.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if not sampler:
+            raise ValueError("llama.cpp cannot parse the grammar")
+        data = self._candidates.data
         try:
-            ll.llama_sampler_apply(sampler, ctypes.byref(array))
+            self._candidates.refill(np.zeros(len(data), dtype=np.float32))
+            self._candidates.narrow(sampler)
         finally:
             ll.llama_sampler_free(sampler)
-        return {cells[i].id for i in range(array.size) if cells[i].logit != float("-inf")}
-
-    def _allowed(self, sampler, token: int) -> bool:
-        self._cell[0].id, self._cell[0].logit, self._cell[0].p = token, 0.0, 0.0
-        self._array.size, self._array.selected = 1, -1
-        ll.llama_sampler_apply(sampler, ctypes.byref(self._array))
-        return self._cell[0].logit != float("-inf")
+        return set(data["id"][np.isfinite(data["logit"])].tolist())
 
     def tokenize(self, text: str) -> list[int]:
         data = text.encode()
