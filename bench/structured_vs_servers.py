@@ -56,15 +56,23 @@ async def run(url: str, constraint: dict, args: argparse.Namespace) -> dict:
     return {"wall_s": wall, "tokens": tokens, "tok_per_s": tokens / wall, "invalid": sum(not v for _, v in results)}
 
 
+def server(spec: str) -> tuple[str, str]:
+    """A --url value: the server's name in the output, and its address."""
+    name, _, url = spec.partition("=")
+    if not name or not url:
+        raise argparse.ArgumentTypeError(f"expected NAME=URL, got {spec!r}")
+    return name, url
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", action="append", required=True, metavar="NAME=URL")
+    parser.add_argument("--url", action="append", required=True, metavar="NAME=URL", type=server)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    servers = [tuple(spec.split("=", 1)) for spec in args.url]
+    servers: list[tuple[str, str]] = args.url
     asyncio.run(run(servers[0][1], {}, argparse.Namespace(**{**vars(args), "requests": 2, "max_tokens": 8})))
     for _ in range(args.rounds):
         for name, url in servers:
