@@ -232,7 +232,7 @@ class Engine(Driving):
         """Stream, stop-check and finish what was sampled (place_tokens first)."""
         for request, token, count in zip(sampled.requests, sampled.tokens, sampled.counts, strict=True):
             if token is None:
-                self.finish(request, FinishReason.ERROR, now, f"sampling failed: {sampled.failures[request.id]}")
+                self.finish(request, FinishReason.ERROR, now, sampled.failures[request.id])
             else:
                 self._accept(request, token, count, now)
                 if sampled.drafted and request.id in sampled.drafted:
@@ -274,7 +274,7 @@ class Engine(Driving):
         tokens = request.output_tokens[stream.decoded : end]
         return bool(tokens) and stream.push(b"".join(map(self.backend.token_bytes, tokens)), decoded=end)
 
-    def finish(self, request: Request, reason: FinishReason, now: float, error: str | None = None,
+    def finish(self, request: Request, reason: FinishReason, now: float, error: str | Exception | None = None,
                stopped: bool = False) -> None:
         """End a request and free its slot and KV now. stopped: a stop string cut its text."""
         self.n_cut += request.drop_pending_tokens()

@@ -69,6 +69,7 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # what ended a STOP other than an end token: a stop string or stop token id
     error: str | None = None
+    own_fault: bool = False  # its own input made it fail (a ValueError: a grammar that allows no token), not the engine
     text: str = ""
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)
@@ -163,10 +164,12 @@ class Request:
     def is_finished(self) -> bool:
         return self.state.is_finished
 
-    def finish(self, reason: FinishReason, now: float, error: str | None = None) -> None:
+    def finish(self, reason: FinishReason, now: float, error: str | Exception | None = None) -> None:
+        """error: what failed it (ERROR); an exception's message is kept, and a ValueError is its own fault."""
         self.transition(RequestState.FAILED if reason is FinishReason.ERROR else RequestState.DONE)
         self.finish_reason = reason
-        self.error = error
+        self.own_fault = isinstance(error, ValueError)
+        self.error = f"{type(error).__name__}: {error}" if isinstance(error, Exception) else error
         self.finish_time = now
 
 
@@ -187,6 +190,6 @@ class Sampled:
 
     requests: list[Request]
     tokens: list[int | None] | np.ndarray
-    failures: dict[int, str]  # the failed ones' messages, by request id
+    failures: dict[int, Exception]  # the failed ones' errors, by request id
     counts: list[int] = field(default_factory=list)  # each request's outputs up to its token, once placed
     drafted: dict[int, Drafted] = field(default_factory=dict)  # what guessed tokens gave, by request id

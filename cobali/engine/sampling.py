@@ -55,11 +55,11 @@ class RowSampler:
         self._samplers: dict[int, TokenSampler] = {}
 
     def sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int]
-               ) -> tuple[list[int | None], dict[int, str]]:
+               ) -> tuple[list[int | None], dict[int, Exception]]:
         """requests: those that sample, in output order; rows: their batch rows; out_rows: their rows of
         `logits` (more rows than requests when some asked for prompt logprobs). Returns one token per
-        request, None where that request's sampler failed, and the failures' messages by request id: one
-        request's sampler must not take the engine (and every other request) down with it."""
+        request, None where that request's sampler failed, and the failures by request id: one request's
+        sampler must not take the engine (and every other request) down with it."""
         banned = self._ban_end_tokens(logits, requests, out_rows)
         try:
             return self._sample(logits, requests, rows, out_rows)
@@ -80,14 +80,14 @@ class RowSampler:
         return banned
 
     def _sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int]
-                ) -> tuple[list[int | None], dict[int, str]]:
+                ) -> tuple[list[int | None], dict[int, Exception]]:
         greedy = [r.params.is_greedy for r in requests]
         best = self.backend.argmax(logits).tolist() if any(greedy) else []
         if all(greedy):
             # One logits row per request (the common case) means out_rows is 0..n-1.
             return (best if len(best) == len(requests) else [best[o] for o in out_rows]), {}
         tokens: list[int | None] = []
-        failures: dict[int, str] = {}
+        failures: dict[int, Exception] = {}
         for request, row, out_row, is_greedy in zip(requests, rows, out_rows, greedy, strict=True):
             if is_greedy:
                 tokens.append(best[out_row])
@@ -95,7 +95,7 @@ class RowSampler:
             try:
                 tokens.append(self._sampler_for(request.id, request.params).sample(row))
             except Exception as err:  # a backend's sampler is third-party code: contain its failure
-                failures[request.id] = f"{type(err).__name__}: {err}"
+                failures[request.id] = err
                 tokens.append(None)
         return tokens, failures
 

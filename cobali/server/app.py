@@ -17,7 +17,7 @@ from cobali.server import chat, embeddings, lora_routes, openai_routes, response
 from cobali.server.config import DEFAULT_MAX_BODY_BYTES
 from cobali.server.engine_thread import EngineThread, QueueFull
 from cobali.server.errors import APIError, install_error_handlers, unavailable, unknown_model
-from cobali.server.generation import EngineUnavailable
+from cobali.server.generation import EngineUnavailable, GenerationError
 from cobali.server.limits import BodyLimit
 from cobali.server.metrics import ServerMetrics
 from cobali.server.state import LoraNames, ServerContext
@@ -130,9 +130,9 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
-    @app.exception_handler(EngineUnavailable)
-    async def _unavailable(_http: Request, err: EngineUnavailable) -> JSONResponse:
-        return unavailable(str(err)).response()
+    @app.exception_handler(GenerationError)
+    async def _generation_error(_http: Request, err: GenerationError) -> JSONResponse:
+        return err.api_error().response()
 
     @app.exception_handler(QueueFull)
     async def _queue_full(_http: Request, err: QueueFull) -> JSONResponse:

@@ -8,10 +8,26 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from cobali.engine.request import FinishReason, Request
+from cobali.server.errors import APIError, bad_request, unavailable
 
 
-class EngineUnavailable(Exception):
-    """The engine cannot take or finish this request (loading, failed, shutting down)."""
+class GenerationError(Exception):
+    """A generation that cannot go on; api_error(): what its client is told (an HTTP error, or in-band)."""
+
+    def api_error(self) -> APIError:
+        return unavailable(str(self))
+
+
+class EngineUnavailable(GenerationError):
+    """The engine cannot take or finish this request (loading, failed, shutting down): a 503."""
+
+
+class RequestFailed(GenerationError):
+    """The request's own input ended its generation (a grammar that allows no token): a 400, which retrying the
+    same request would not mend, where a 503 would have a client retry it."""
+
+    def api_error(self) -> APIError:
+        return bad_request(str(self))
 
 
 class Aborter(Protocol):
@@ -66,7 +82,7 @@ class Generation:
 
     async def batches(self) -> AsyncIterator[list[Delta]]:
         """Text deltas until every request has finished, all those that arrived since the last batch at once.
-        Raises EngineUnavailable if the engine failed (after the deltas that came before the failure)."""
+        Raises a GenerationError if it failed (after the deltas that came before the failure)."""
         self.unfinished = len(self.requests)
         while self.unfinished:
             await self._arrived.wait()
@@ -89,14 +105,14 @@ class Generation:
             for delta in batch:
                 yield delta
 
-    def _problem(self, item: Delta | Failure) -> EngineUnavailable | None:
+    def _problem(self, item: Delta | Failure) -> GenerationError | None:
         if isinstance(item, Failure):
             return EngineUnavailable(item.message)
         if not item.finished:
             return None
         request = self.requests[item.index]
         if request.finish_reason is FinishReason.ERROR:
-            return EngineUnavailable(f"generation failed: {request.error}")
+            return (RequestFailed if request.own_fault else EngineUnavailable)(f"generation failed: {request.error}")
         if request.finish_reason is FinishReason.ABORT:  # shutdown (or a client already gone)
             return EngineUnavailable("the request was aborted: the server is shutting down")
         return None

@@ -13,8 +13,8 @@ from starlette.types import Receive, Scope, Send
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
-from cobali.server.errors import bad_request, unavailable, unknown_model
-from cobali.server.generation import EngineUnavailable, Generation
+from cobali.server.errors import bad_request, unknown_model
+from cobali.server.generation import Generation, GenerationError
 from cobali.server.logprobs import LogprobWriter, prompt_logprobs
 from cobali.server.replies import COMPLETION, Kind, Reply, sse
 from cobali.server.schemas import CompletionRequest, GenerationRequest, ModelLimits
@@ -66,8 +66,8 @@ async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIter
                 if not reply.generation.unfinished:  # the last text: the stream's end rides in the same write
                     chunk += (reply.chunk([], reply.usage()) if include_usage else "") + "data: [DONE]\n\n"
                 yield chunk
-        except EngineUnavailable as err:  # headers are sent: report in-band, as OpenAI streams do
-            yield sse(unavailable(str(err)).body())
+        except GenerationError as err:  # headers are sent: report in-band, as OpenAI streams do
+            yield sse(err.api_error().body())
 
 
 def tokenize(engine: Engine, prompt: str | list[int], param: str, keep: int | None = None) -> list[int]:

@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse, Response
 
 from cobali.engine.request import FinishReason
 from cobali.server.chat import chat_prompt
-from cobali.server.errors import bad_request, unavailable
-from cobali.server.generation import EngineUnavailable, Generation
+from cobali.server.errors import bad_request
+from cobali.server.generation import Generation, GenerationError
 from cobali.server.openai_routes import EventStream, aborted_on_disconnect, served_engine, submit
 from cobali.server.responses_schemas import FunctionChoice, ResponsesRequest
 from cobali.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
@@ -124,8 +124,8 @@ async def _events(http: Request, reply: ResponseObject) -> AsyncIterator[str]:
                             arguments=call.arguments, name=call.name)
                 yield event("response.output_item.done", output_index=index, item=item)
             yield event("response.completed", response=reply.envelope("completed", reply.output(text, calls)))
-        except EngineUnavailable as err:  # headers are sent: report in-band
-            error = unavailable(str(err))
+        except GenerationError as err:  # headers are sent: report in-band
+            error = err.api_error()
             yield event("error", code=error.code, message=error.message, param=None)
 
 
