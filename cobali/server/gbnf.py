@@ -4,7 +4,21 @@ character classes over code-point ranges (inclusive (low, high) pairs), and char
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+MAX_REPETITION_RULES = 2000  # llama.cpp refuses a repetition whose repeated rules times its count pass this
+_RULE_MAKERS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{([0-9]+)(,?)([0-9]*)\}|[(*+?]')
+
+# RFC 3339 as JSON Schema's formats read it; no 29 February (the grammar cannot tell leap years).
+JSON_FORMATS = {
+    "date": '[1-9] [0-9]{3} "-" ( ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) '
+            '| ( "0" [13-9] | "1" [0-2] ) "-" ( "29" | "30" ) | ( "0" [13578] | "1" [02] ) "-31" )',
+    "time": '( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? '
+            '( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )',
+    "date-time": 'format-date "T" format-time',
+    "uuid": '[0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12}',
+}
 
 
 def gbnf_literal(text: str) -> str:
@@ -32,6 +46,21 @@ def alternatives(options: list[str]) -> str:
 def counted(low: int, high: int | None) -> str:
     """A repetition's `{low,high}` (None: no upper bound)."""
     return f"{{{low},{'' if high is None else high}}}"
+
+
+def repeat_fits(item: str, quantifier: str) -> bool:
+    """Whether llama.cpp's parser takes `( item )quantifier`: it refuses a repetition when the rules the repeated
+    group makes (itself, the groups in it, a rule per optional step of their repetitions) times its count pass
+    MAX_REPETITION_RULES."""
+    made = 1
+    for match in _RULE_MAKERS.finditer(item):
+        if match.group()[0] == "{":
+            made += int(match[3]) - int(match[1]) if match[3] else 1 if match[2] else 0
+        elif match.group()[0] not in '"[':
+            made += 1
+    counts = re.fullmatch(r"\{([0-9]+),([0-9]*)\}", quantifier)
+    low, high = (int(counts[1]), int(counts[2] or 0)) if counts else (0, quantifier == "?")
+    return made * (high or low or 1) <= MAX_REPETITION_RULES
 
 
 def hex_escape(code: int) -> str:

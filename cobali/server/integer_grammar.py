@@ -1,6 +1,7 @@
 """JSON integers within bounds, as GBNF: JSON Schema's minimum, maximum, exclusiveMinimum and exclusiveMaximum on
 an integer, held digit by digit (no leading zeros, no "-0"). Like the unbounded `integer` rule, at most 16
-digits: a model cannot write digits forever.
+digits: a model cannot write digits forever. Bounds that leave only integers of more than MAX_BOUND_DIGITS digits
+are refused (ValueError).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from cobali.server.gbnf import alternatives
 
 MAX_DIGITS = 16
+MAX_BOUND_DIGITS = 100  # bounds that leave only longer integers are refused (and each digit is a recursion)
 
 
 def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
@@ -27,7 +29,9 @@ def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
 
 
 def _bound(value: Any, to_integer, step: int) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):  # math.isfinite of an int past floats overflows
         return None
     return int(to_integer(value)) + step
 
@@ -47,6 +51,8 @@ def integer_range(low: int | None, high: int | None) -> str:
 def _naturals(low: int, high: int | None) -> str:
     """The naturals in [low, high], up to MAX_DIGITS digits."""
     shortest = len(str(low))
+    if shortest > MAX_BOUND_DIGITS:
+        raise ValueError(f"the schema's integer bounds leave only integers of more than {MAX_BOUND_DIGITS} digits")
     longest = max(shortest, MAX_DIGITS if high is None else min(len(str(high)), MAX_DIGITS))
     options = []
     for n in range(shortest, longest + 1):

@@ -28,7 +28,7 @@ from typing import Any
 import jsonschema
 from referencing.exceptions import Unresolvable
 
-from cobali.server.gbnf import alternatives, counted, json_literal
+from cobali.server.gbnf import JSON_FORMATS, alternatives, counted, json_literal, repeat_fits
 from cobali.server.integer_grammar import integer_bounds, integer_range
 from cobali.server.regex_grammar import json_string_expression
 from cobali.server.schema_merge import ANNOTATIONS, NoValue, merge
@@ -49,15 +49,6 @@ ws ::= | " " | "\n" [ \t]{0,20}
 
 JSON_OBJECT_GRAMMAR = "root ::= object" + JSON_RULES
 
-# RFC 3339 as JSON Schema's formats read it; no 29 February (the grammar cannot tell leap years).
-_FORMATS = {
-    "date": '[1-9] [0-9]{3} "-" ( ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) '
-            '| ( "0" [13-9] | "1" [0-2] ) "-" ( "29" | "30" ) | ( "0" [13578] | "1" [02] ) "-31" )',
-    "time": '( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? '
-            '( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )',
-    "date-time": 'format-date "T" format-time',
-    "uuid": '[0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12}',
-}
 _INTEGER_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 _SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})  # each has a rule of that name
 MAX_BOUND = 500  # length and item bounds above this are dropped: llama.cpp caps repetitions
@@ -87,8 +78,10 @@ def _asserts(schema: dict, *besides: str) -> bool:
 def _valid(validator: Any, value: Any) -> bool:
     try:
         return validator.is_valid(value)
-    except Unresolvable:
-        return True  # a remote $ref: loosened
+    except (Unresolvable, OverflowError):
+        return True  # a remote $ref, or jsonschema's multipleOf on an integer past floats: loosened
+    except RecursionError:  # {"enum": [1], "anyOf": [{"$ref": "#"}]}: validators loop on it too
+        raise ValueError("the schema's $refs recurse without end when its enum or const is checked") from None
 
 
 class SchemaConverter:
@@ -268,6 +261,7 @@ class SchemaConverter:
         tail = ""  # the items past the prefix, as many as the bounds leave
         if high is None or high > len(items):
             item, n = self.visit(rest), len(items)
+            item = item if repeat_fits(item, counted(0, MAX_BOUND)) else self._rule(item)  # repeat one name
             if n:
                 tail = _repeat(f'"," ws {item}', max(low - n, 0), None if high is None else high - n)
             else:
@@ -281,10 +275,10 @@ class SchemaConverter:
 
     def _string(self, schema: dict) -> str:
         form = schema.get("format")
-        if form in _FORMATS:
+        if form in JSON_FORMATS:
             for name in ("date", "time") if form == "date-time" else (form,):
-                self.rules.setdefault(f"format-{name}", _FORMATS[name])
-            self.rules.setdefault(f"format-{form}", _FORMATS[form])
+                self.rules.setdefault(f"format-{name}", JSON_FORMATS[name])
+            self.rules.setdefault(f"format-{form}", JSON_FORMATS[form])
             return f'"\\"" format-{form} "\\"" ws'
         if isinstance(schema.get("pattern"), str):
             try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import NoReturn
 
-from cobali.server.gbnf import alternatives, char_class, counted, gbnf_literal, json_class, json_text
+from cobali.server.gbnf import alternatives, char_class, counted, gbnf_literal, json_class, json_text, repeat_fits
 
 MAX_REPEAT = 1000  # llama.cpp refuses repetitions past 2000, and long ones of big groups sooner
 MAX_NESTING = 50  # groups in groups; each level is a few Python frames of the recursive descent
@@ -95,6 +95,9 @@ class RegexTranslator:
             if literal:
                 items.append(self._text(literal))
                 literal = ""
+            if quantifier and not repeat_fits(atom, quantifier):
+                self._fail("a repeat of more than llama.cpp's grammars hold (its count times the groups and "
+                           "repeats inside it)")
             items.append(f"( {atom} ){quantifier}" if quantifier else atom)
         if literal:
             items.append(self._text(literal))

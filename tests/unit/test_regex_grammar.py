@@ -69,3 +69,15 @@ def test_control_characters_in_a_json_string_are_escaped_alike_in_text_and_class
     assert json_string_expression("^[\\x01]$", "char") == '( "\\\\u000" [1] )'
     assert json_string_expression("^[\\x08\\x1f]$", "char") == '( ( "\\\\b" | "\\\\u001" [f] ) )'
     assert json_string_expression("^\\x00$", "char") == '( "\\\\u0000" )'  # no NUL byte in the JSON text
+
+
+@pytest.mark.parametrize("pattern", ["((a)){1000}", "(a{0,2}){700}", "(?:(a)?){3,1000}", r"((\s)\s){1000}$"])
+def test_a_repeat_llama_cpp_would_refuse_is_refused_by_name(pattern: str) -> None:
+    re.compile(pattern)
+    with pytest.raises(ValueError, match=r"a repeat of more than llama\.cpp's grammars hold"):
+        regex_grammar(pattern)
+
+
+def test_a_repeat_within_llama_cpps_limit_is_kept() -> None:
+    assert regex_grammar("(a){1000}") == 'root ::= ( ( "a" ) ){1000,1000}\n'  # 2 rules x 1000
+    assert regex_grammar("(a{0,2}){400}")  # 5 rules x 400

@@ -179,3 +179,30 @@ def test_prefix_items_keep_min_and_max_items() -> None:
     assert rules(grammar)[root_body(grammar)].strip() == '"[" ws string "]" ws'
     with pytest.raises(ValueError, match="needs 2 items but allows at most 1"):
         json_schema_grammar({"prefixItems": [{}], "items": False, "minItems": 2})
+
+
+@pytest.mark.parametrize("schema, refused", [
+    ({"enum": [1], "anyOf": [{"$ref": "#"}]}, "recurse without end"),  # was a RecursionError in jsonschema
+    ({"enum": [1], "anyOf": [{"$ref": ""}]}, "recurse without end"),
+    ({"type": "integer", "minimum": 10**4000}, "more than 100 digits"),  # was a RecursionError digit by digit
+    ({"type": "integer", "maximum": -(10**4000)}, "more than 100 digits"),
+])
+def test_fuzzed_schemas_that_broke_the_translator_are_refused(schema: dict, refused: str) -> None:
+    with pytest.raises(ValueError, match=refused):
+        json_schema_grammar(schema)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "maximum": 10**400},  # math.isfinite of an int past floats overflowed
+    {"enum": [10**400], "multipleOf": 0.5},  # jsonschema's multipleOf overflowed: loosened, as multiples are
+])
+def test_integers_past_floats_get_a_grammar(schema: dict) -> None:
+    assert_closed(json_schema_grammar(schema))
+
+
+def test_a_repeated_array_item_with_groups_is_one_rule() -> None:
+    """llama.cpp refuses a repetition whose groups times its count pass 2000: the item is named once instead."""
+    grammar = json_schema_grammar({"type": "array", "items": {"type": "integer", "minimum": -7, "maximum": 123456},
+                                   "maxItems": 500})
+    item = next(name for name, body in rules(grammar).items() if body.strip().startswith('( "-" [1-7]'))
+    assert f'( "," ws {item} ){{0,499}}' in grammar
