@@ -21,6 +21,21 @@ JSON_FORMATS = {
 }
 
 
+# llama.cpp's grammars/json.gbnf, with bounded whitespace so a model cannot pad forever.
+JSON_RULES = r"""
+value ::= object | array | string | number | boolean | null
+object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}" ws
+array ::= "[" ws ( value ( "," ws value )* )? "]" ws
+string ::= "\"" char* "\"" ws
+char ::= [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
+number ::= "-"? ( [0-9] | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )? ws
+integer ::= "-"? ( [0-9] | [1-9] [0-9]{0,15} ) ws
+boolean ::= ( "true" | "false" ) ws
+null ::= "null" ws
+ws ::= | " " | "\n" [ \t]{0,20}
+"""
+
+
 def gbnf_literal(text: str) -> str:
     """A GBNF string literal matching exactly `text` (llama.cpp's escapes: \\\\, \\", \\xHH, \\uHHHH, \\UHHHHHHHH)."""
     out = []
@@ -46,6 +61,10 @@ def alternatives(options: list[str]) -> str:
 def counted(low: int, high: int | None) -> str:
     """A repetition's `{low,high}` (None: no upper bound)."""
     return f"{{{low},{'' if high is None else high}}}"
+
+
+def repeat(item: str, low: int, high: int | None) -> str:
+    return f"( {item} ){counted(low, high)}"
 
 
 def repeat_fits(item: str, quantifier: str) -> bool:

@@ -6,7 +6,8 @@ Held exactly:
 - "enum" and "const": the listed values that meet the rest of the schema (checked with jsonschema);
 - "$ref" to the schema itself or into it ("#", "#/$defs/Name", "#/definitions/Name"; recursion included), as
   pydantic and the openai client's `parse` write them, with keywords beside it (as an allOf); a cycle of $refs
-  that never reaches a schema is a ValueError;
+  that never reaches a schema is a ValueError; an anyOf branch referring back to the $ref being written before
+  anything is written adds no value, and is left out (back through other $refs' rules it is a ValueError);
 - objects: "properties" in schema order, those not "required" optional, a required key not among them as any
   value (its additionalProperties schema, if any); without "properties", an "additionalProperties" schema gives
   a map of any keys to it, and `false` the empty object;
@@ -22,32 +23,17 @@ MAX_BOUND, and any other keyword. Objects get no properties beyond those declare
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import jsonschema
 from referencing.exceptions import Unresolvable
 
-from cobali.server.gbnf import JSON_FORMATS, alternatives, counted, json_literal, repeat_fits
+from cobali.server.gbnf import JSON_FORMATS, JSON_RULES, alternatives, counted, json_literal, repeat, repeat_fits
 from cobali.server.integer_grammar import integer_bounds, integer_range
 from cobali.server.regex_grammar import json_string_expression
-from cobali.server.schema_merge import ANNOTATIONS, NoValue, merge
+from cobali.server.schema_merge import NoValue, asserts, merge, resolve
 
-# llama.cpp's grammars/json.gbnf, with bounded whitespace so a model cannot pad forever.
-JSON_RULES = r"""
-value ::= object | array | string | number | boolean | null
-object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}" ws
-array ::= "[" ws ( value ( "," ws value )* )? "]" ws
-string ::= "\"" char* "\"" ws
-char ::= [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
-number ::= "-"? ( [0-9] | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )? ws
-integer ::= "-"? ( [0-9] | [1-9] [0-9]{0,15} ) ws
-boolean ::= ( "true" | "false" ) ws
-null ::= "null" ws
-ws ::= | " " | "\n" [ \t]{0,20}
-"""
-
-JSON_OBJECT_GRAMMAR = "root ::= object" + JSON_RULES
+JSON_OBJECT_GRAMMAR = "root ::= object" + JSON_RULES  # JSON_RULES: llama.cpp's json.gbnf, in gbnf
 
 _INTEGER_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 _SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})  # each has a rule of that name
@@ -66,15 +52,6 @@ def _bound(schema: dict, key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_BOUND else None
 
 
-def _repeat(item: str, low: int, high: int | None) -> str:
-    return f"( {item} ){counted(low, high)}"
-
-
-def _asserts(schema: dict, *besides: str) -> bool:
-    """Whether `schema` has a keyword that constrains values, other than `besides`."""
-    return any(key not in ANNOTATIONS and key not in besides for key in schema)
-
-
 def _valid(validator: Any, value: Any) -> bool:
     try:
         return validator.is_valid(value)
@@ -90,8 +67,10 @@ class SchemaConverter:
     def __init__(self) -> None:
         self.root: Any = None  # the document "$ref"s point into
         self.rules: dict[str, str] = {}
-        self.refs: dict[tuple[int, str], str] = {}
+        self.refs: dict[tuple[int, str], str | NoValue] = {}  # a NoValue: the referenced schema allows none
         self.depth = 0
+        self.left: tuple[int, str] | None = None  # the $ref whose rule is being built with nothing written yet
+        self.firsts: dict[tuple[int, str], set[tuple[int, str]]] = {}  # the $refs each one's rule may start with
 
     def visit_document(self, schema: Any) -> str:
         """A schema with its own "$ref" namespace; one rule for it, as for "#"."""
@@ -116,7 +95,7 @@ class SchemaConverter:
             raise NoValue("the schema allows no value (false, or allOf members no value meets together)")
         if not isinstance(schema, dict):
             return "value"  # true, {} or anything unreadable: any JSON value
-        if isinstance(schema.get("$ref"), str) and not _asserts(schema, "$ref"):
+        if isinstance(schema.get("$ref"), str) and not asserts(schema, "$ref"):
             return self._ref(schema["$ref"])
         if isinstance(schema.get("$ref"), str) or isinstance(schema.get("allOf"), list):
             return self.visit(self._merged(schema, ()))
@@ -129,10 +108,12 @@ class SchemaConverter:
                                       "array" if "items" in schema or "prefixItems" in schema else None)
         if isinstance(kind, list) and kind:
             return alternatives([self.visit({**schema, "type": k}) for k in kind])
-        if kind == "object":
-            return self._object(schema)
-        if kind == "array":
-            return self._array(schema)
+        if kind in ("object", "array"):  # "{" or "[" written first: no rule recurses to the left past it
+            outer, self.left = self.left, None
+            try:
+                return self._object(schema) if kind == "object" else self._array(schema)
+            finally:
+                self.left = outer
         if kind == "string":
             return self._string(schema)
         if kind == "integer" and _INTEGER_BOUNDS & schema.keys():
@@ -144,28 +125,44 @@ class SchemaConverter:
         self.rules[name] = body
         return name
 
-    def _resolve(self, ref: str) -> Any:
-        """The schema a local reference points at; None for any other reference."""
-        if ref != "#" and not ref.startswith("#/"):
-            return None
-        target = self.root
-        for part in ref[2:].split("/") if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
-                raise ValueError(f"$ref {ref!r} points at nothing in the schema")
-            target = target[part]
-        return target
-
     def _ref(self, ref: str) -> str:
         key = (id(self.root), ref)
+        if isinstance(self.refs.get(key), NoValue):
+            raise self.refs[key]
+        self._starts_with(key)
         if key not in self.refs:
-            target = self._resolve(ref)
+            target = resolve(self.root, ref)
             if target is None:
                 return "value"
             self.refs[key] = name = f"ref{len(self.refs)}"
             self.rules[name] = ""  # the name is taken before the body is built: the body may refer to it
-            self.rules[name] = self.visit(self._merged(target, (ref,)))
+            outer, self.left = self.left, key
+            try:
+                self.rules[name] = self.visit(self._merged(target, (ref,)))
+            except NoValue as err:  # refused alike wherever it is referred to again
+                self.refs[key], self.firsts[key] = err, set()
+                del self.rules[name]
+                raise
+            finally:
+                self.left = outer
         return self.refs[key]
+
+    def _starts_with(self, key: tuple[int, str]) -> None:
+        """The rule being built starts with `key`'s (an anyOf branch): llama.cpp refuses a left recursion. Back to
+        itself, the branch adds no value the others don't (the least fixed point): a NoValue, which anyOf leaves
+        out; back through other $refs' rules, which may be referred to elsewhere too: refused."""
+        if self.left is None:
+            return
+        if key == self.left:
+            raise NoValue(f"$ref {key[1]!r} refers back to itself before writing anything")
+        seen, todo = set(), [key]
+        while todo:
+            if (step := todo.pop()) == self.left:
+                raise ValueError(f"$ref {step[1]!r} refers back to itself through $ref {key[1]!r} before writing "
+                                 "anything (a left recursion through several $refs is not held)")
+            seen.add(step)
+            todo.extend(self.firsts.get(step, set()) - seen)
+        self.firsts.setdefault(self.left, set()).add(key)
 
     def _merged(self, schema: Any, path: tuple[str | None, ...]) -> Any:
         """`schema` with its top-level $ref and allOf merged in (`path`: the $refs followed to reach it)."""
@@ -184,7 +181,7 @@ class SchemaConverter:
         if isinstance(ref, str):
             if ref in path:
                 raise ValueError(f"$ref {ref!r} refers back to itself without reaching a schema")
-            target = self._resolve(ref)
+            target = resolve(self.root, ref)
             parts += [] if target is None else self._conjuncts(target, (*path, ref))  # remote: loosened
         for member in schema["allOf"] if isinstance(schema.get("allOf"), list) else []:
             parts += self._conjuncts(member, (*path, None))
@@ -203,14 +200,16 @@ class SchemaConverter:
         """anyOf or oneOf: each branch with the keywords beside it (as an allOf of both)."""
         rest = {k: v for k, v in schema.items() if k != key}
         branches = schema[key]
-        if _asserts(rest):
+        if asserts(rest):
             branches = [self._merged({"allOf": [rest, branch]}, ()) for branch in branches]
-        options = []
+        options, reasons = [], []
         for branch in branches:
-            with contextlib.suppress(NoValue):  # a branch no value meets is left out
+            try:
                 options.append(self.visit(branch))
+            except NoValue as err:  # a branch no value meets is left out
+                reasons.append(str(err))
         if not options:
-            raise NoValue(f"no {key} branch allows a value")
+            raise NoValue(f"no {key} branch allows a value: {'; '.join(dict.fromkeys(reasons))}")
         return alternatives(options)
 
     def _object(self, schema: dict) -> str:
@@ -263,9 +262,9 @@ class SchemaConverter:
             item, n = self.visit(rest), len(items)
             item = item if repeat_fits(item, counted(0, MAX_BOUND)) else self._rule(item)  # repeat one name
             if n:
-                tail = _repeat(f'"," ws {item}', max(low - n, 0), None if high is None else high - n)
+                tail = repeat(f'"," ws {item}', max(low - n, 0), None if high is None else high - n)
             else:
-                more = _repeat(f'"," ws {item}', max(low - 1, 0), None if high is None else high - 1)
+                more = repeat(f'"," ws {item}', max(low - 1, 0), None if high is None else high - 1)
                 tail = f"{item} {more}" if low else f"( {item} {more} )?"
         for index in reversed(range(len(items))):  # the prefix, its first minItems written
             comma = '"," ws ' if index else ""
@@ -290,5 +289,5 @@ class SchemaConverter:
             return "string"
         if high is not None and high < (low or 0):
             raise NoValue(f"minLength {low} exceeds maxLength {high}")
-        return f'"\\"" {_repeat("char", low or 0, high)} "\\"" ws'
+        return f'"\\"" {repeat("char", low or 0, high)} "\\"" ws'
 

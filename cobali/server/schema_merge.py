@@ -40,6 +40,24 @@ def merge(parts: list[Any]) -> dict | bool:
     return merged
 
 
+def asserts(schema: dict, *besides: str) -> bool:
+    """Whether `schema` has a keyword that constrains values, other than `besides`."""
+    return any(key not in ANNOTATIONS and key not in besides for key in schema)
+
+
+def resolve(root: Any, ref: str) -> Any:
+    """The schema a local reference points at in `root`; None for any other reference."""
+    if ref != "#" and not ref.startswith("#/"):
+        return None
+    target = root
+    for part in ref[2:].split("/") if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(target, dict) or part not in target:
+            raise ValueError(f"$ref {ref!r} points at nothing in the schema")
+        target = target[part]
+    return target
+
+
 def all_of(schemas: list[Any]) -> Any:
     """A schema for all of `schemas`, as small as it can be written."""
     if any(schema is False for schema in schemas):

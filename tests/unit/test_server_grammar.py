@@ -111,6 +111,53 @@ def test_a_ref_cycle_that_reaches_no_schema_is_refused(schema: dict) -> None:
         json_schema_grammar(schema)
 
 
+@pytest.mark.parametrize("schema, body", [
+    ({"anyOf": [{"$ref": "#"}, {"type": "null"}]}, "null"),  # was ref0 ::= ( ref0 | null ): llama.cpp refuses it
+    ({"anyOf": [{"type": "null"}, {"anyOf": [{"$ref": "#"}]}]}, "null"),
+    ({"allOf": [{"anyOf": [{"$ref": "#"}, {"type": "null"}]}]}, "null"),
+    ({"oneOf": [{"$ref": "#"}, {"type": "array", "items": {"$ref": "#"}}]}, "schema1"),
+    ({"$defs": {"B": {"$ref": "#"}}, "anyOf": [{"$ref": "#/$defs/B"}, {"type": "null"}]}, "( ref1 | null )"),
+])
+def test_an_any_of_branch_referring_back_before_writing_anything_is_left_out(schema: dict, body: str) -> None:
+    """Left-recursive, so it adds no value the other branches don't (the least fixed point)."""
+    grammar = json_schema_grammar(schema)
+    assert_closed(grammar)
+    assert root_body(grammar) == body
+    starts = [name for name, rule in rules(grammar).items() for alt in rule.split("|")
+              if f"{alt.strip(' ()')} ".startswith(f"{name} ")]
+    assert not starts, grammar  # no rule has an alternative that starts with the rule itself
+
+
+def test_an_object_or_array_referring_back_is_not_left_recursive() -> None:
+    grammar = json_schema_grammar({"anyOf": [{"type": "object", "properties": {"a": {"$ref": "#"}}}, {"$ref": "#"}]})
+    assert root_body(grammar) == "schema1"
+    assert '"\\"a\\"" ws ":" ws ref0' in grammar
+
+
+@pytest.mark.parametrize("schema, refused", [
+    ({"anyOf": [{"$ref": "#"}]}, r"\$ref '#' refers back to itself before writing anything"),
+    ({"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}]}}, "type": "array", "items": {"$ref": "#/$defs/A"}},
+     r"\$ref '#/\$defs/A' refers back to itself before writing anything"),
+    ({"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/B"}, {"type": "null"}]},
+                "B": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "integer"}]}}, "$ref": "#/$defs/A"},
+     r"\$ref '#/\$defs/A' refers back to itself through \$ref '#/\$defs/B' before writing anything"),
+    ({"$defs": {"C": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},  # back through C, built earlier
+      "anyOf": [{"type": "object", "properties": {"a": {"$ref": "#/$defs/C"}}}, {"$ref": "#/$defs/C"}]},
+     r"\$ref '#' refers back to itself through \$ref '#/\$defs/C' before writing anything"),
+])
+def test_a_ref_referring_back_to_itself_before_writing_anything_is_refused(schema: dict, refused: str) -> None:
+    with pytest.raises(ValueError, match=refused):
+        json_schema_grammar(schema)
+
+
+def test_a_reference_no_value_meets_is_refused_wherever_it_is_referred_to() -> None:
+    """Its rule is not kept with an empty body, which would allow an empty text where it is referred to again."""
+    grammar = json_schema_grammar({"$defs": {"N": False}, "anyOf": [
+        {"$ref": "#/$defs/N"}, {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/N"}, {"type": "null"}]}}]})
+    assert_closed(grammar)
+    assert "ref1" not in grammar
+
+
 @pytest.mark.parametrize("key", ["items", "allOf", "anyOf", "properties"])
 def test_deep_schemas_are_refused_not_a_recursion_error(key: str) -> None:
     wrap = {"items": lambda s: s, "allOf": lambda s: [s], "anyOf": lambda s: [s], "properties": lambda s: {"x": s}}
