@@ -19,10 +19,10 @@ class TextStream:
         assert interval >= 1, interval
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = stop
-        # As vLLM: stop strings count once min_tokens are out, from the text of the token that made it so (and the
-        # characters before it that a stop string could start in), never from text already emitted.
+        # As vLLM: stop strings count once min_tokens are out, where they end in the text of the token that made it
+        # so or later (one may start in the characters before it), never wholly in text that came before.
         self._min_tokens = min_tokens
-        self._stop_from = 0
+        self._stop_end_from = 0  # where that token's text starts
         self._include_stop = include_stop
         self.stop_hit: str | None = None  # the stop string that ended the text
         self.interval = interval
@@ -52,7 +52,7 @@ class TextStream:
         self._text += self._decoder.decode(piece)
         if self._stop and self.decoded >= self._min_tokens:
             if was_short:
-                self._stop_from = max(self._emitted, before - max(map(len, self._stop)) + 1)
+                self._stop_end_from = before
             hit = self._first_stop()
             if hit is not None:
                 cut, self.stop_hit = hit
@@ -81,10 +81,10 @@ class TextStream:
 
     def _first_stop(self) -> tuple[int, str] | None:
         """Where the first stop string in the text starts, and which it is (the first listed, of those there)."""
-        # A stop string can only complete in the text added since the last emitted character.
-        longest = max(map(len, self._stop))
-        start = max(self._stop_from, self._emitted - longest + 1)
-        hits = [(i, s) for s in self._stop if (i := self._text.find(s, start)) >= 0]
+        # A stop string can only complete in the text added since the last emitted character (and, each by its own
+        # length, from min_tokens' token on: a short one may lie wholly in the window of a longer one).
+        end_from = max(self._stop_end_from, self._emitted)
+        hits = [(i, s) for s in self._stop if (i := self._text.find(s, max(0, end_from - len(s) + 1))) >= 0]
         return min(hits, key=lambda hit: hit[0]) if hits else None
 
     def _held_back(self) -> int:

@@ -74,15 +74,16 @@ class LogprobWriter:
         return top
 
 
-def prompt_logprobs(request: Request, token_bytes: Callable[[int], bytes]) -> list[dict | None]:
-    """vLLM's prompt_logprobs: per prompt token (the first: null, nothing predicts it) its own and the top
-    alternatives', by token id: logprob, rank (1: the likeliest) and the decoded text."""
+def prompt_logprobs(request: Request, token_bytes: Callable[[int], bytes], k: int) -> list[dict | None]:
+    """vLLM's prompt_logprobs: per prompt token (the first: null, nothing predicts it) its own and the top k
+    alternatives', by token id: logprob, rank (1: the likeliest) and the decoded text. The engine may have recorded
+    more alternatives (echo's logprobs asked for more): k cuts them."""
     def item(token: int, logprob: float, rank: int) -> dict:
         return {"logprob": logprob, "rank": rank, "decoded_token": token_bytes(token).decode("utf-8", "replace")}
 
     rendered: list[dict | None] = [None]
     for e in request.prompt_logprobs:
-        entry = {str(t): item(t, lp, rank) for rank, (t, lp) in enumerate(e.top, 1)}
+        entry = {str(t): item(t, lp, rank) for rank, (t, lp) in enumerate(e.top[:k], 1)}
         entry[str(e.token)] = item(e.token, e.logprob, e.rank)
         rendered.append(entry)
     return rendered

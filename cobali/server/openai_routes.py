@@ -72,11 +72,15 @@ async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIter
 
 def tokenize(engine: Engine, prompt: str | list[int], param: str, keep: int | None = None) -> list[int]:
     """The prompt's tokens; keep (vLLM's truncate_prompt_tokens): only its last `keep`, -1 as many as the
-    context holds beside one output token."""
+    context holds beside one output token. A `keep` past the context is vLLM's 400, whatever the prompt's length."""
+    limit = engine.slots.accountant.seq_limit
+    if keep is not None and keep > limit:
+        raise bad_request(f"truncate_prompt_tokens value ({keep}) is greater than max_model_len ({limit}). "
+                          "Please, select a smaller truncation size.", "truncate_prompt_tokens")
     try:
         if keep is not None:
             tokens = engine.backend.tokenize(prompt) if isinstance(prompt, str) else prompt
-            prompt = tokens[-(engine.slots.accountant.seq_limit - 1 if keep == -1 else keep):]
+            prompt = tokens[-(limit - 1 if keep == -1 else keep):]
         return engine.tokenize_prompt(prompt)
     except ValueError as err:
         raise bad_request(str(err), param) from None
@@ -118,10 +122,10 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, promp
     if generation.requests[0].params.logprobs is not None:
         logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(generation.requests),
                                  echo=echoes is not None)
-    reply = Reply(kind, server.model_id(body.model), generation, sum(map(len, prompts)), logprobs,
+    reply = Reply(kind, server.model_id(body.model), generation, body.n, logprobs,
                   None if echoes is None else [e for e in echoes for _ in range(body.n)], body.continuous_usage,
                   None if body.prompt_logprobs is None else functools.partial(
-                      prompt_logprobs, token_bytes=engine.backend.token_bytes))
+                      prompt_logprobs, token_bytes=engine.backend.token_bytes, k=body.prompt_logprobs))
     headers = ignored_fields_headers(body)
     if body.stream:
         return EventStream(_stream(http, reply, body.include_usage), headers)

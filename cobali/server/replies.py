@@ -77,7 +77,7 @@ def finish_reason(request: EngineRequest) -> str | None:
 class Reply:
     """The envelope shared by a response and all of its stream chunks."""
 
-    def __init__(self, kind: Kind, model: str, generation: Generation, prompt_tokens: int,
+    def __init__(self, kind: Kind, model: str, generation: Generation, per_prompt: int,
                  logprobs: LogprobWriter | None, echoes: list[str] | None = None,
                  continuous_usage: bool = False,
                  prompt_logprobs: Callable[[EngineRequest], list[dict | None]] | None = None) -> None:
@@ -90,7 +90,7 @@ class Reply:
         self.created = int(time.time())
         self.model = model
         self.generation = generation
-        self.prompt_tokens = prompt_tokens
+        self._per_prompt = per_prompt  # choices (n) per prompt: the requests run prompt by prompt, n each
         n = len(generation.requests)
         self._tool_streams = [ToolCallStream(set(kind.tool_names)) for _ in range(n)] if kind.tool_names else None
         # A chunk is this envelope's JSON with the choices (and usage) appended: rendered once, not per chunk.
@@ -106,10 +106,12 @@ class Reply:
 
     def usage(self) -> dict:
         completion = sum(len(r.output_tokens) for r in self.generation.requests)
-        # The prompt counts once however many choices share it; so do its cached tokens (the first choice's).
-        cached = self.generation.requests[0].cached_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
+        # Each prompt counts once however many choices share it; so do its cached tokens (its first choice's).
+        firsts = self.generation.requests[:: self._per_prompt]
+        prompt = sum(len(r.prompt_tokens) for r in firsts)
+        cached = sum(r.cached_tokens for r in firsts)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
     def new_logprobs(self, index: int, end: int | None = None) -> dict | None:
         """The logprobs of choice `index`'s tokens not reported yet, up to token `end` (None: all of them)."""
@@ -140,7 +142,7 @@ class Reply:
             return None
         return self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None} for i in range(len(self.generation.requests))],
-                          self.usage_so_far(0) if self.continuous_usage else None)
+                          self.usage_so_far(0, 0) if self.continuous_usage else None)
 
     def delta_chunk(self, delta: Delta) -> str:
         if self._is_plain(delta):
@@ -158,17 +160,18 @@ class Reply:
         logprobs = self.new_logprobs(delta.index, delta.n_tokens)  # the engine may be tokens ahead by now
         choice = self.kind.chunk_choice(delta.index, text, reason, logprobs, calls,
                                         request.stop_reason if delta.finished else None)
-        return self.chunk([choice], self.usage_so_far(delta.n_tokens) if self.continuous_usage else None)
+        return self.chunk([choice], self.usage_so_far(delta.index, delta.n_tokens) if self.continuous_usage else None)
 
     def _is_plain(self, delta: Delta) -> bool:
         """Text alone: not the end, no logprobs, no tool calls to look for, no echo still to send, no usage."""
         return (bool(delta.text) and not delta.finished and self.logprobs is None and self._tool_streams is None
                 and not (self._echoes and self._echoes[delta.index]) and not self.continuous_usage)
 
-    def usage_so_far(self, completion_tokens: int) -> dict:
-        """A chunk's usage under continuous_usage_stats: the prompt, and its choice's tokens so far (vLLM)."""
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens + completion_tokens}
+    def usage_so_far(self, index: int, completion_tokens: int) -> dict:
+        """A chunk's usage under continuous_usage_stats: choice `index`'s own prompt, and its tokens so far (vLLM)."""
+        prompt = len(self.generation.requests[index].prompt_tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                "total_tokens": prompt + completion_tokens}
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
         tail = f',"usage":{encode_json(usage)}}}' if usage is not None else "}"
