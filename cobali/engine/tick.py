@@ -95,22 +95,23 @@ class TickBuilder:
 
     def add_drafts(self, drafter: Drafter, equal_lengths: bool) -> dict[int, tuple[int, ...]]:
         """Guessed tokens behind decode rows (engine/spec.py), in the budget and batch rows the decodes and
-        prefills left: a wrong guess then costs a row no prompt was waiting for. Never past max_tokens, nor
-        past the KV the request holds. equal_lengths (per-sequence KV streams): every guess cut to the
-        shortest, as llama.cpp runs one more forward pass for each distinct row count among the sequences of
-        a batch. Returns the guesses by request id."""
+        prefills left: a wrong guess then costs a row no prompt was waiting for. Never past max_tokens or the
+        context's end, nor past the KV the request holds. equal_lengths (per-sequence KV streams): every guess
+        cut to the shortest, as llama.cpp runs one more forward pass for each distinct row count among the
+        sequences of a batch. Returns the guesses by request id."""
         room = min(self.budget, self.queues.n_batch - sum(c.n_tokens for c in self.chunks))
         drafts: dict[int, tuple[int, ...]] = {}
         if room <= 0 or len(self.decoding) > drafter.max_batch:
             return drafts
-        held = self.queues.slots.accountant.held_tokens
+        acc = self.queues.slots.accountant
         decoding = {r.id: r for r in self.decoding if can_speculate(r.params)}
         for chunk in self.chunks:
             request = decoding.get(chunk.request_id)
             if request is None or chunk.kind is not ChunkKind.DECODE:
                 continue
-            limit = min(room, request.params.max_tokens - len(request.output_tokens) - 1,
-                        held(chunk.slot) - chunk.end)
+            # The outputs it may have: max_tokens, or as many as the context holds (held rounds up to a block).
+            most = min(request.params.max_tokens, acc.seq_limit - len(request.prompt_tokens))
+            limit = min(room, most - len(request.output_tokens) - 1, acc.held_tokens(chunk.slot) - chunk.end)
             if draft := drafter.propose(request, limit):
                 drafts[request.id] = draft
                 room -= len(draft)

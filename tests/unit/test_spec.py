@@ -163,6 +163,21 @@ def test_no_guess_runs_past_max_tokens() -> None:
     assert max(max(b.positions) for b in backend.batches) == len(out.prompt_tokens) + 9 - 2
 
 
+def test_no_guess_runs_past_the_context() -> None:
+    """A KV stream of 40 cells, no whole number of blocks: the cells a request holds round up past the stream's
+    end, and guesses there failed the decode (the request ended in an error; two, preempted each other forever)."""
+    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    prompt = PROMPTS[0] * 2  # 24 tokens: 16 outputs fill the context
+    (ref,), _ = run(params, prompts=[prompt], slots=1, backend=FakeBackend(n_seq_max=1, n_ctx_seq=40))
+    assert ref.finish_reason is FinishReason.LENGTH and len(ref.output_tokens) == 16
+    backend = FakeBackend(n_seq_max=1, n_ctx_seq=40)
+    (out,), engine = run(params, SpecConfig(8), Oracle([ref.output_tokens + [5] * 20], n=8), slots=1,
+                         backend=backend, prompts=[prompt])
+    assert (out.output_tokens, out.finish_reason) == (ref.output_tokens, FinishReason.LENGTH)
+    assert engine.n_accepted_tokens > 0
+    assert max(max(b.positions) for b in backend.batches) == 40 - 2  # the last output is sampled, never fed
+
+
 def lookup_friendly_prompt(params: SamplingParams) -> tuple[list[int], list[int]]:
     """The fake's greedy outputs rarely repeat, so the prompt carries them: its logits depend on the last three
     tokens and on the length modulo the vocabulary (96), so 96 tokens put in front change no greedy token, and
