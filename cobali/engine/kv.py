@@ -84,8 +84,10 @@ class SlotPool:
             source, reused = None, 0
         keeping = self._slots_keeping_runs() if self.compacts else None  # None: any free slot keeps them
         if (match := self._host_match(tokens, reused)[0]) is not None:
-            self.host.keep(match)  # the save that taking a slot may make then forgets others first
+            self.host.keep(match)  # the save that taking a slot may make then forgets others first, never it
+            self.host.pinned = match
             slot = self._take_fresh(keeping=keeping)
+            self.host.pinned = None
             # Looked up again: taking the slot may have saved its own prefix and forgotten older ones.
             key, reused = self._host_match(tokens, 0)
             if key is not None:
@@ -237,9 +239,18 @@ class SlotPool:
 
     def save_a_cached_prefix(self) -> bool:
         """Save to host memory one cached prefix not there yet, the least recently released first; False if none
-        is left. For an idle engine: a request that takes the slot later then need not wait for the save."""
-        for slot in self._free if self.host is not None else ():
-            if slot in self._cached and (ops := self.host.save(slot, self._cached[slot])):
+        is left. For an idle engine: a request that takes the slot later then need not wait for the save. Never
+        one whose save would forget, for the budget, the saved copy of another slot's prefix: that one would be
+        saved next, forgetting this one, and an idle engine would copy KV for ever."""
+        if self.host is None:
+            return False
+        cached = [self._cached[slot] for slot in self._free if slot in self._cached]
+        for slot in self._free:
+            tokens = self._cached.get(slot)
+            if tokens is None or any(common_prefix(self.host.tokens(key), other) == len(other)
+                                     for key in self.host.would_forget(tokens) for other in cached):
+                continue
+            if ops := self.host.save(slot, tokens):
                 self._ops += ops
                 return True
         return False

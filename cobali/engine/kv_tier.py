@@ -48,6 +48,7 @@ class HostPrefixes:
         self._keys = itertools.count()
         self.held_tokens = 0
         self.hit_tokens = 0  # prompt tokens restored from host memory
+        self.pinned: int | None = None  # an entry about to be restored: no save forgets it for the budget
 
     @classmethod
     def sized(cls, info: BackendInfo, mib: int, min_tokens: int) -> HostPrefixes | None:
@@ -79,21 +80,56 @@ class HostPrefixes:
         """Make the entry the most recently used (one about to be restored)."""
         self._entries.move_to_end(key)
 
-    def save(self, slot: int, tokens: np.ndarray) -> list[KvOp]:
-        """What keeps `tokens`, the KV of `slot` about to be dropped, in host memory: nothing when an entry holds
-        them already; else a SaveSlot, a ForgetSaved for the entry they extend (a chat's earlier turn), if any,
-        and one for each least recently used entry past the budget."""
-        if len(tokens) < self.min_tokens or len(tokens) > self.capacity_tokens:
-            return []
+    def _place(self, tokens: np.ndarray) -> tuple[bytes, int | None, int | None]:
+        """Where `tokens` would go: their sortable bytes, the entry holding them already (they are it or a prefix
+        of it), and the entry they extend (a chat's earlier turn); None where there is none."""
         sortable = _sortable(tokens)
         at = bisect.bisect_left(self._sorted, sortable)
+        holder = extended = None
         if at < len(self._sorted) and self._sorted[at].startswith(sortable):  # sorts first among its extensions
-            self._entries.move_to_end(self._key_of[self._sorted[at]])
+            holder = self._key_of[self._sorted[at]]
+        elif at > 0 and sortable.startswith(self._sorted[at - 1]):  # a prefix sorts just before what extends it
+            extended = self._key_of[self._sorted[at - 1]]
+        return sortable, holder, extended
+
+    def would_forget(self, tokens: np.ndarray) -> list[int]:
+        """The entries a save of `tokens` would forget to keep to the budget, least recently used first (not the
+        entry they extend: they hold it)."""
+        if len(tokens) < self.min_tokens or len(tokens) > self.capacity_tokens:
+            return []
+        _, holder, extended = self._place(tokens)
+        if holder is not None:
+            return []
+        held = self.held_tokens + len(tokens) - (len(self._entries[extended]) if extended is not None else 0)
+        forgotten = []
+        for key, entry in self._entries.items():
+            if held <= self.capacity_tokens:
+                break
+            if key != extended:
+                forgotten.append(key)
+                held -= len(entry)
+        return forgotten
+
+    def tokens(self, key: int) -> np.ndarray:
+        return self._entries[key]
+
+    def save(self, slot: int, tokens: np.ndarray) -> list[KvOp]:
+        """What keeps `tokens`, the KV of `slot` about to be dropped, in host memory: nothing when an entry holds
+        them already, or when keeping to the budget would forget the pinned entry; else a SaveSlot, a ForgetSaved
+        for the entry they extend (a chat's earlier turn), if any, and one for each least recently used entry past
+        the budget."""
+        if len(tokens) < self.min_tokens or len(tokens) > self.capacity_tokens:
+            return []
+        if self.pinned is not None and self.pinned in self.would_forget(tokens):
+            return []  # the entry about to be restored stays, this KV is lost
+        sortable, holder, extended = self._place(tokens)
+        if holder is not None:
+            self._entries.move_to_end(holder)
             return []
         key = next(self._keys)
         ops: list[KvOp] = [SaveSlot(slot, key)]
-        if at > 0 and sortable.startswith(self._sorted[at - 1]):  # a prefix sorts just before what extends it
-            ops.append(self._forget(self._key_of[self._sorted[at - 1]]))
+        if extended is not None:
+            ops.append(self._forget(extended))
         bisect.insort(self._sorted, sortable)
         self._key_of[sortable] = key
         self._entries[key] = tokens

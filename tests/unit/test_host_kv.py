@@ -182,3 +182,47 @@ def test_a_prefix_trimmed_in_place_for_a_prompt_sharing_part_of_it_keeps_its_tai
     send(engine, a)
     assert send(engine, b) == 30, "b reuses the shared 30 tokens in a's slot, trimming a's tail"
     assert send(engine, a) == 49, "a's tail was saved before the trim"
+
+
+
+def test_an_idle_engine_whose_cached_prefixes_outgrow_the_tier_saves_what_fits_and_stops() -> None:
+    """Two 40-token prefixes in a 64-token tier: saving the second would forget the first, still in its slot, and
+    saving that again would forget the second: an idle server would copy KV for ever."""
+    engine = make_engine(host_mib=1)
+    a, b = prompt(40, 1), prompt(40, 2)
+    send(engine, a)
+    send(engine, b)
+    saves = 0
+    while engine.save_a_cached_prefix() and saves < 10:
+        saves += 1
+    assert saves == 1 and [s.tolist() for s in saved(engine)] == [a], "the least recently released, then no more"
+    engine.ticks.clear()
+    assert send(engine, prompt(40, 3)) == 0
+    assert not any(isinstance(op, SaveSlot) for t in engine.ticks for op in t.plan.kv_ops), "a's slot: a is saved"
+
+
+def test_taking_a_slot_for_a_restore_never_forgets_the_prefix_it_restores() -> None:
+    """A 64-token tier holds a; the slot a restore takes holds b, whose save would need a's room. b is lost,
+    a restored: forgetting a to keep b would prefill a again."""
+    engine = make_engine(host_mib=1)
+    a, b = prompt(40, 1), prompt(40, 2)
+    send(engine, a)
+    send(engine, b)
+    assert send(engine, prompt(40, 3)) == 0, "a's slot: a to host memory"
+    assert [s.tolist() for s in saved(engine)] == [a]
+    assert send(engine, a) == 39, "into b's slot"
+    assert [s.tolist() for s in saved(engine)] == [a] and engine.slots.host.pinned is None
+
+
+def test_the_saves_a_host_tier_would_forget_are_those_save_forgets() -> None:
+    host = HostPrefixes(capacity_tokens=50, min_tokens=4)
+    a, b, c = np.arange(1, 21, dtype=np.int32), np.arange(100, 120, dtype=np.int32), np.arange(200, 230)
+    host.save(0, a)
+    host.save(1, b)
+    assert host.would_forget(a[:10]) == [], "held already"
+    assert host.would_forget(np.concatenate([b, c[:5]])) == [], "replaces b: 45 tokens"
+    assert host.would_forget(c) == [0]
+    host.pinned = 0
+    assert host.save(2, c) == [], "a save that would forget the pinned entry is not made"
+    host.pinned = None
+    assert host.save(2, c) == [SaveSlot(2, 2), ForgetSaved(0)]
