@@ -40,19 +40,22 @@ class ModelShape:
     tied_embeddings: bool
     context_length: int = 32768
     rope_theta: float = 1e6
+    head_size: int | None = None  # attention head size, where it is not n_embd / n_head (llama only, as Qwen3's)
 
     def __post_init__(self) -> None:
         if self.arch not in ("llama", "qwen2"):
             raise ValueError(f"architecture {self.arch!r}: expected llama or qwen2")
         if min(self.n_layer, self.n_embd, self.n_head, self.n_head_kv, self.n_ff, self.n_vocab) < 1:
             raise ValueError(f"every dimension must be >= 1: {self}")
-        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
+        if self.head_size is not None and (self.arch != "llama" or self.head_size < 2 or self.head_size % 2):
+            raise ValueError(f"head size {self.head_size}: must be even, on the llama architecture (qwen2 reads none)")
+        if (self.head_size is None and self.n_embd % self.n_head) or self.n_head % self.n_head_kv:
             raise ValueError(f"hidden size {self.n_embd} must split into {self.n_head} heads, "
                              f"and {self.n_head} heads into {self.n_head_kv} KV heads")
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.head_size or self.n_embd // self.n_head
 
     @property
     def n_params(self) -> int:
@@ -79,16 +82,16 @@ def _name(tensor: gguf.MODEL_TENSOR, bid: int | None = None, suffix: str = "weig
 def tensor_shapes(shape: ModelShape) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor's name and numpy shape (rows = outputs), in file order."""
     t = gguf.MODEL_TENSOR
-    d, kv = shape.n_embd, shape.n_head_kv * shape.head_dim
+    d, q, kv = shape.n_embd, shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
     yield _name(t.TOKEN_EMBD), (shape.n_vocab, d)
     for i in range(shape.n_layer):
         yield _name(t.ATTN_NORM, i), (d,)
-        yield _name(t.ATTN_Q, i), (d, d)
+        yield _name(t.ATTN_Q, i), (q, d)
         yield _name(t.ATTN_K, i), (kv, d)
         yield _name(t.ATTN_V, i), (kv, d)
         if shape.arch == "qwen2":
             yield from ((_name(n, i, "bias"), (size,)) for n, size in ((t.ATTN_Q, d), (t.ATTN_K, kv), (t.ATTN_V, kv)))
-        yield _name(t.ATTN_OUT, i), (d, d)
+        yield _name(t.ATTN_OUT, i), (d, q)
         yield _name(t.FFN_NORM, i), (d,)
         yield _name(t.FFN_GATE, i), (shape.n_ff, d)
         yield _name(t.FFN_UP, i), (shape.n_ff, d)
@@ -170,6 +173,9 @@ def write_f16(shape: ModelShape, path: str, tokenizer_source: str, seed: int = 0
     writer.add_head_count(shape.n_head)
     writer.add_head_count_kv(shape.n_head_kv)
     writer.add_rope_dimension_count(shape.head_dim)
+    if shape.head_size is not None:  # llama.cpp's n_embd_head_k and n_embd_head_v
+        writer.add_key_length(shape.head_size)
+        writer.add_value_length(shape.head_size)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(shape.n_vocab)
@@ -248,9 +254,9 @@ def shape_from_args(args: argparse.Namespace) -> ModelShape:
         missing = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is None]
         if missing:
             raise ValueError(f"without --like, give every dimension (missing {', '.join(missing)})")
-        return ModelShape(args.arch or "llama", **dims, tied_embeddings=args.tied)
+        return ModelShape(args.arch or "llama", **dims, tied_embeddings=args.tied, head_size=args.head_dim)
     base = SHAPES[args.like]
-    overrides = {k: v for k, v in dims.items() if v is not None}
+    overrides = {k: v for k, v in dict(dims, head_size=args.head_dim).items() if v is not None}
     if args.arch:
         overrides["arch"] = args.arch
     return replace(base, **overrides)
@@ -264,7 +270,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, help="GGUF file to write")
     parser.add_argument("--arch", choices=("llama", "qwen2"), default=None)
     for dim, what in (("n-layer", "layers"), ("n-embd", "hidden size"), ("n-head", "attention heads"),
-                      ("n-head-kv", "KV heads"), ("n-ff", "FFN size"), ("n-vocab", "vocabulary (>= 49152)")):
+                      ("n-head-kv", "KV heads"), ("n-ff", "FFN size"), ("n-vocab", "vocabulary (>= 49152)"),
+                      ("head-dim", "attention head size, if not hidden size / heads (llama only; Qwen3's: 128)")):
         parser.add_argument(f"--{dim}", type=positive_int, default=None, help=f"{what} (overrides --like)")
     parser.add_argument("--tied", action="store_true", help="without --like: output projection = embeddings")
     parser.add_argument("--tokenizer", default=None,

@@ -28,6 +28,15 @@ def test_the_paper_model_shape() -> None:
     assert "blk.23.attn_q.bias" in names  # qwen2 has q/k/v biases
 
 
+def test_a_head_size_of_its_own_shapes_the_attention_projections() -> None:
+    shape = ModelShape("llama", 2, 64, 4, 2, 128, 49152, tied_embeddings=True, head_size=32)  # not 64 / 4
+    dims = dict(tensor_shapes(shape))
+    assert shape.head_dim == 32
+    assert dims["blk.0.attn_q.weight"] == (128, 64) and dims["blk.0.attn_output.weight"] == (64, 128)
+    assert dims["blk.0.attn_k.weight"] == dims["blk.0.attn_v.weight"] == (64, 64)
+    assert ModelShape("llama", 2, 100, 4, 2, 128, 49152, tied_embeddings=True, head_size=32).head_dim == 32
+
+
 def test_impossible_head_splits_are_rejected() -> None:
     with pytest.raises(ValueError, match="heads"):
         ModelShape("llama", 2, 100, 3, 1, 256, 49152, tied_embeddings=True)
@@ -41,6 +50,11 @@ def test_impossible_head_splits_are_rejected() -> None:
     (["synth-model", "--like", "tiny", "--quant", "Q9_X", "--out", "x.gguf"], "invalid choice: 'Q9_X'"),
     (["synth-model", "--like", "tiny", "--n-vocab", "1000", "--out", "x.gguf"], "smaller than the embedded"),
     (["synth-model", "--like", "tiny", "--n-head", "3", "--out", "x.gguf"], "must split into 3 heads"),
+    (["synth-model", "--like", "tiny", "--head-dim", "0", "--out", "x.gguf"],
+     "--head-dim: expected a positive integer, got 0"),
+    (["synth-model", "--like", "tiny", "--head-dim", "33", "--out", "x.gguf"], "head size 33: must be even"),
+    (["synth-model", "--like", "qwen2.5-0.5b", "--head-dim", "64", "--out", "x.gguf"],
+     "head size 64: must be even, on the llama architecture"),
 ])
 def test_bad_synth_flags_name_the_value(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:

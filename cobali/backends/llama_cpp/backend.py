@@ -14,6 +14,7 @@ from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
 from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
 from cobali.backends.llama_cpp.embedder import EMBEDDING_CTX, EMBEDDING_SEQS, Embedder
+from cobali.backends.llama_cpp.kv_size import kv_bytes_per_token
 from cobali.backends.llama_cpp.sampler import Candidates, LlamaCppSampler
 from cobali.backends.llama_cpp.tools import silence_logs
 from cobali.backends.llama_cpp_config import PREFILL_TILE, LlamaCppConfig
@@ -42,7 +43,7 @@ class LlamaCppBackend:
             kv_unified=options.kv_unified,
             description=self._describe(options),
             prefill_tile=PREFILL_TILE,
-            kv_bytes_per_token=self._kv_bytes_per_token(),
+            kv_bytes_per_token=kv_bytes_per_token(self.model),
             # llama.cpp counts the outputs of sequences it samples itself only
             max_outputs_per_seq=options.max_outputs_per_seq if options.backend_sampling else 0,
             n_loras=len(options.lora_paths),
@@ -85,13 +86,6 @@ class LlamaCppBackend:
         if not ctx:
             raise ValueError(f"could not create a llama.cpp context (n_ctx={n_ctx}, n_seq_max={options.n_seq_max})")
         return ctx
-
-    def _kv_bytes_per_token(self) -> int:
-        """K and V rows of every layer in f16 (the context's default cache type), and the cell's position and
-        sequence id: SmolLM2-135M saves 23052 bytes a token, as llama_state_seq_get_size reports."""
-        m = self.model
-        head_dim = ll.llama_model_n_embd(m) // max(1, ll.llama_model_n_head(m))
-        return ll.llama_model_n_layer(m) * 2 * ll.llama_model_n_head_kv(m) * head_dim * 2 + 12
 
     def _describe(self, options: LlamaCppConfig) -> str:
         buf = ctypes.create_string_buffer(256)
