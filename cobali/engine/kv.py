@@ -229,10 +229,24 @@ class SlotPool:
         self._free.append(slot)
         self._no_gap = False
 
-    def evict_one(self) -> bool:
-        """Drop the least recently released cached prefix (to free pool cells); False if none is left."""
+    def reusable_slot(self, prompt: list[int] | None) -> int | None:
+        """The free slot whose cached prefix `prompt` would reuse in place, if any: evicting for room spares it.
+        None too where host memory holds a longer one that the free slots' cells, once emptied, can take."""
+        if not (self.prefix_cache and prompt):
+            return None
+        tokens = np.asarray(prompt, dtype=np.int32)
+        slot, reused = self._best_source(tokens, ())
+        if reused < self.min_reuse_tokens:
+            return None
+        room = (self.accountant.free_blocks + self.cached_blocks) * self.accountant.block_tokens
+        if self.host is not None and self.host.best(tokens, len(tokens) - 1, room)[1] > reused:
+            return None
+        return slot
+
+    def evict_one(self, spare: int | None = None) -> bool:
+        """Drop the least recently released cached prefix but `spare`'s (to free pool cells); False if none is left."""
         for slot in self._free:
-            if slot in self._cached:
+            if slot in self._cached and slot != spare:
                 self._clear(slot)
                 return True
         return False

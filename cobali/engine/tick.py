@@ -170,7 +170,11 @@ class TickBuilder:
         q = self.queues
         acc = q.slots.accountant
         need = self.fit_policy.tokens_to_admit(request, acc.seq_limit)
-        while not acc.can_hold(None, need) and q.slots.evict_one():
+        # Prompt logprobs need logits at every prompt position: no cached prefix may skip them.
+        reusable = request.kv_key(len(request.all_tokens)) if request.params.prompt_logprobs is None else None
+        # Room is made by evicting cached prefixes, never the one this request would reuse in place.
+        spare = q.slots.reusable_slot(reusable) if not acc.can_hold(None, need) else None
+        while not acc.can_hold(spare, need) and q.slots.evict_one(spare):
             pass
         sources = None
         if q.slots.prefix_cache:
@@ -180,9 +184,9 @@ class TickBuilder:
             sources = ((r.slot, np.asarray(r.kv_key(r.computed_tokens), dtype=np.int32))
                        for r in q.running if r.slot is not None and r.id not in self.admitted
                        and r.computed_tokens >= len(head) and _first_tokens(r, len(head)) == head)
-        # Prompt logprobs need logits at every prompt position: no cached prefix may skip them.
-        reusable = request.kv_key(len(request.all_tokens)) if request.params.prompt_logprobs is None else None
         assignment = q.slots.assign(reusable, sources)
+        while not acc.can_hold(assignment.slot, need) and q.slots.evict_one():
+            pass  # the spared prefix was not reused in place after all (a longer one was found elsewhere)
         request.slot = assignment.slot
         request.computed_tokens = assignment.reused_tokens
         # A resumed request may reuse its own output's KV too (an identical greedy request's): only prompt tokens count.

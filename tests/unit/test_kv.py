@@ -8,6 +8,7 @@ from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.plan import ClearSlot, LoadSlot
 from cobali.engine.queue import ShortestPromptFirst, WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
 
@@ -122,6 +123,39 @@ def test_lru_cached_prefix_is_evicted_first() -> None:
     assert engine.backend.kv[0] == c, "a's prefix was released first: it is evicted, and c takes the lowest slot"
     assert engine.backend.kv[1] == b
     assert engine.backend.kv[2] == []
+
+
+@pytest.mark.parametrize("host_cache_mib", [0, 8192])
+def test_a_full_unified_pool_spares_the_cached_prefix_the_new_request_reuses(host_cache_mib: int) -> None:
+    """Making room evicts other cached prefixes, never the one the request reuses in place: that would cost a
+    full prefill (or, with a host tier, a save and a load back)."""
+    engine = make_engine(slots=2, unified_cells=128, host_cache_mib=host_cache_mib)  # 8 blocks
+    system = prompt(48, 9)
+    engine.generate([system + prompt(10, 1)], SamplingParams(max_tokens=1, ignore_eos=True))
+    assert engine.slots.cached_blocks == 4
+    engine.add_request(prompt(20, 2), LONG)  # 60 tokens reserved: 4 blocks, the pool is full
+    engine.step()
+    assert engine.slots.accountant.free_blocks == 0
+    request = engine.add_request(system + prompt(10, 2), SamplingParams(max_tokens=1, ignore_eos=True))
+    engine.step()
+    assert request.cached_tokens == 48
+    assert shape(engine)[-1] == [(1, "decode", 20, 1), (2, "prefill", 48, 10)]
+    assert not any(isinstance(op, (ClearSlot, LoadSlot)) for op in engine.ticks[-1].plan.kv_ops)
+
+
+def test_a_spared_prefix_a_running_request_outdoes_is_evicted_after_all() -> None:
+    engine = make_engine(slots=3, unified_cells=128)  # 8 blocks
+    system = prompt(48, 9)
+    engine.add_request(system + prompt(4, 2), SamplingParams(max_tokens=12, ignore_eos=True))  # 4 blocks
+    engine.step()
+    short = engine.add_request(system[:32] + prompt(10, 1), SamplingParams(max_tokens=1, ignore_eos=True))
+    while short.finish_reason is None:
+        engine.step()
+    assert engine.slots.cached_blocks == 3 and engine.slots.accountant.free_blocks == 1
+    request = engine.add_request(system + prompt(10, 3), SamplingParams(max_tokens=1, ignore_eos=True))
+    engine.step()
+    assert request.cached_tokens == 48, "copied from the running request, not the cached 32 tokens"
+    assert ClearSlot(1) in engine.ticks[-1].plan.kv_ops, "the spared prefix gives its cells to the copy"
 
 
 def test_at_idle_each_prompt_keeps_its_kv_until_every_slot_holds_one() -> None:
