@@ -3,10 +3,11 @@ schema and a regex, back to back on one model load, several rounds alternating.
 
     .venv/bin/python bench/grammar_sampling.py --requests 8 --slots 8 --max-new 64 --rounds 2
 
---top-p below 1 makes the chain truncate: a refused draw then sends the whole vocabulary through the grammar at
-once, where a chain that truncates nothing draws again first (cobali/backends/llama_cpp/sampler.py).
+--temperature 0 is greedy; --top-p below 1 makes the chain truncate. Either way a constrained row is masked by
+llguidance before the chain draws (cobali/structured/guide.py).
 
-Host time is the tick's time outside llama_decode: sampling, grammar checks and bookkeeping.
+Host time is the tick's time outside llama_decode: sampling, masks and bookkeeping. Compile time is each
+grammar's first compile, against the model's vocabulary.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
-from cobali.server.regex_grammar import regex_grammar
+from cobali.structured.grammars import JSON_OBJECT_GRAMMAR, json_schema_grammar, regex_grammar
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}, "year": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"type": "string"}}},
@@ -32,16 +32,23 @@ GRAMMARS = {"none": None, "json_object": JSON_OBJECT_GRAMMAR, "schema": json_sch
 
 
 def run(backend: LlamaCppBackend, grammar: str | None, requests: int, slots: int, max_new: int,
-        top_p: float = 1.0) -> dict:
+        top_p: float = 1.0, temperature: float = 1.0) -> dict:
     engine = Engine(backend, EngineConfig(max_slots=slots, prefix_cache=False))
+    compile_ms = 0.0
+    if grammar is not None:
+        engine.grammars.tokenizer  # the vocabulary read once, before the clock
+        compiled = time.perf_counter()
+        engine.grammars.check(grammar)
+        compile_ms = (time.perf_counter() - compiled) * 1e3
     start = time.perf_counter()
     done = [engine.add_request("Describe a film as JSON.", SamplingParams(
-        max_tokens=max_new, temperature=1.0, top_p=top_p, seed=i, grammar=grammar)) for i in range(requests)]
+        max_tokens=max_new, temperature=temperature, top_p=top_p, seed=i, grammar=grammar)) for i in range(requests)]
     engine.run_until_done()
     wall = time.perf_counter() - start
     tokens = sum(len(r.output_tokens) for r in done)
     host = sum(t.host_s for t in engine.ticks)
-    return {"wall_s": wall, "tokens": tokens, "tok_per_s": tokens / wall, "host_ms_per_token": host / tokens * 1e3}
+    return {"wall_s": wall, "tokens": tokens, "tok_per_s": tokens / wall, "host_ms_per_token": host / tokens * 1e3,
+            "compile_ms": compile_ms}
 
 
 def main() -> None:
@@ -52,6 +59,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, default=1.0)
     args = parser.parse_args()
     backend = LlamaCppBackend(LlamaCppConfig(embedded_model_path(), n_seq_max=args.slots, n_threads=args.threads))
     results: dict[str, list[dict]] = {name: [] for name in GRAMMARS}
@@ -59,13 +67,15 @@ def main() -> None:
         run(backend, None, 2, 2, 8)  # warm-up
         for _ in range(args.rounds):
             for name, grammar in GRAMMARS.items():
-                results[name].append(run(backend, grammar, args.requests, args.slots, args.max_new, args.top_p))
+                results[name].append(run(backend, grammar, args.requests, args.slots, args.max_new, args.top_p,
+                                         args.temperature))
     finally:
         backend.close()
-    print(f"{'constraint':<12} {'tokens':>7} {'tok/s':>14} {'host ms/token':>15}")
+    print(f"{'constraint':<12} {'tokens':>7} {'tok/s':>14} {'host ms/token':>15} {'compile ms':>15}")
     for name, rounds in results.items():
         print(f"{name:<12} {statistics.mean(r['tokens'] for r in rounds):>7.0f} "
-              f"{per_round(rounds, 'tok_per_s'):>14} {per_round(rounds, 'host_ms_per_token'):>15}")
+              f"{per_round(rounds, 'tok_per_s'):>14} {per_round(rounds, 'host_ms_per_token'):>15} "
+              f"{per_round(rounds, 'compile_ms'):>15}")
 
 
 def per_round(rounds: list[dict], key: str) -> str:

@@ -83,6 +83,9 @@ class NullBackend:
     def new_sampler(self, params: SamplingParams):
         raise NotImplementedError("the null backend samples greedily only")
 
+    def guidance_tokenizer(self):
+        raise NotImplementedError("the null backend takes no constraints")
+
     def close(self) -> None:
         pass
 

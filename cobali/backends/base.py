@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default max_logprobs
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
+
+MAX_LOGPROBS = 20  # alternatives per token by default (the server's --max-logprobs), as vLLM's
 
 # A batch row's want_logits: 0 for no output, else what the host reads of the row's output.
 WANT_LOGITS = 1  # the logits (a sampler chain, logprobs, prompt logprobs)
@@ -32,13 +35,16 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    grammar: str | None = None
+    grammar: str | None = None  # an llguidance grammar (cobali.structured.grammars): the output must follow it
     logprobs: int | None = None  # report each sampled token's logprob and this many top alternatives
     prompt_logprobs: int | None = None  # also each prompt token's logprob (after the first), with alternatives
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit before sampling)
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the output as an end-of-generation token does
     min_tokens: int = 0  # until this many are out, end tokens and stop_token_ids are never sampled, stop strings unseen
     include_stop_str: bool = False  # the stop string that ended the output ends its text too
+    # vLLM's: cached prompt KV is shared only among requests with the same salt (None: among unsalted ones), so one
+    # tenant cannot learn another's prompts from its cache hits. The engine's prefix cache reads it, no sampler.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -52,17 +58,22 @@ class SamplingParams:
         _check(self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         _check(self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
-        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-               f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
-               f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        # The server holds k to its --max-logprobs; the engine needs only a count.
+        _check(self.logprobs is None or self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}")
+        _check(self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+               f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
         _check(all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite")
         _check(0 <= self.min_tokens <= self.max_tokens,
                f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids (>= 0)")
+        _check(self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
+               "cache_salt must be a non-empty string")
         # A finished grammar allows nothing but an end token: banning it would leave no token to sample.
         _check(not (self.min_tokens and self.grammar), "min_tokens cannot be combined with a grammar "
                "(response_format json_object or json_schema, or a forced tool call)")
+        # Past the grammar's end only an end token is allowed: an output that may not end has nowhere to go.
+        _check(not (self.ignore_eos and self.grammar), "ignore_eos cannot be combined with a grammar "
+               "(response_format json_object or json_schema, structured outputs, or a forced tool call)")
 
     @cached_property  # read for every sampled token
     def is_greedy(self) -> bool:
@@ -228,6 +239,10 @@ class Backend(Protocol):
     def chat_template_source(self) -> TemplateSource: ...
 
     def new_sampler(self, params: SamplingParams) -> TokenSampler: ...
+
+    def guidance_tokenizer(self) -> LLTokenizer:
+        """The vocabulary as llguidance reads it (cobali.structured): built once, on the first constraint."""
+        ...
 
     @property
     def embedding_limits(self) -> EmbeddingLimits: ...

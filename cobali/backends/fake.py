@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
+from llguidance import LLTokenizer, TokenizerWrapper
 
 from cobali.backends.base import (
     WANT_ARGMAX,
@@ -178,6 +179,9 @@ class FakeBackend:
     def new_sampler(self, params: SamplingParams) -> FakeSampler:
         return FakeSampler(self, params)
 
+    def guidance_tokenizer(self) -> LLTokenizer:
+        return LLTokenizer(TokenizerWrapper(_FakeVocabulary(self)), slices=[])
+
     def close(self) -> None:
         self.kv.clear()
 
@@ -226,6 +230,18 @@ class FakeSampler:
 
     def close(self) -> None:
         self.counts[:] = 0
+
+
+class _FakeVocabulary:
+    """The fake's vocabulary as llguidance's TokenizerWrapper reads a tokenizer: the end token is special."""
+
+    def __init__(self, backend: FakeBackend) -> None:
+        self.eos_token_id, self.bos_token_id, self.special_token_ids = EOG_TOKEN, None, [EOG_TOKEN]
+        self.tokens = [b"\xff<eos>"] + [backend.token_bytes(t) for t in range(1, backend.n_vocab)]
+        self._backend = backend
+
+    def __call__(self, text: bytes) -> list[int]:
+        return self._backend.tokenize(text.decode("utf-8", errors="replace"))
 
 
 def _starts_as_gguf(path: str) -> bool:

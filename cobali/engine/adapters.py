@@ -16,6 +16,10 @@ from cobali.backends.base import Backend
 from cobali.engine.request import MAX_ADAPTER_INDEX, Request
 
 
+class AdapterLimit(ValueError):
+    """Every adapter index of this engine's life is used up: only a restart loads more."""
+
+
 class Adapters:
     def __init__(self, backend: Backend, requests: Mapping[int, Request], updates: bool = False) -> None:
         """updates: adapters may be loaded while serving."""
@@ -43,13 +47,13 @@ class Adapters:
 
     def load(self, path: str) -> int:
         """Load an adapter from a GGUF file; its index. FileNotFoundError if there is no such file; ValueError if
-        it is not an adapter for this model, or no index is left. On the engine's thread, between ticks."""
+        it is not an adapter for this model, AdapterLimit if no index is left. On the engine's thread, between ticks."""
         if not os.path.isfile(path):
             raise FileNotFoundError(f"No adapter found for {path}")
         index = self.backend.load_lora(path)
-        if index > MAX_ADAPTER_INDEX:  # its tokens' keys would not fit the prefix cache's arrays
+        if index > MAX_ADAPTER_INDEX:  # its tokens' keys would not fit a key's 32 token bits
             self.backend.unload_lora(index)
-            raise ValueError(f"this engine has loaded {MAX_ADAPTER_INDEX} LoRA adapters, the most it can (an "
+            raise AdapterLimit(f"this engine has loaded {MAX_ADAPTER_INDEX} LoRA adapters, the most it can (an "
                              "unloaded adapter's index is not reused): restart the server to load more")
         self.loaded = self.loaded | {index}
         return index

@@ -27,6 +27,8 @@ from cobali.engine.request import FinishReason, Request, Sampled
 from cobali.engine.sampling import RowSampler, token_logprob
 from cobali.engine.scheduler import Scheduler
 from cobali.engine.spec import Drafted, NgramDrafter, verify
+from cobali.structured.compiler import GrammarCompiler
+from cobali.structured.guide import Guide
 
 # Called with a request's new text (as it comes, or every stream_interval tokens) and at finish: (request, text
 # delta, the outputs it covers: with async scheduling the request already holds a stand-in for the next one).
@@ -55,7 +57,10 @@ class Engine(Driving):
             budget=tick_budget(config, costs, backend.info.prefill_tile), prefill_tile=backend.info.prefill_tile,
             drafter=NgramDrafter(config.spec) if config.spec.enabled else None, adapters=self.adapters.enabled,
         )
-        self.sampler = RowSampler(backend, np.flatnonzero(backend.eog_mask()))
+        # Constraints compile on the server's workers (a copy per request here): the guide masks their rows.
+        self.grammars = GrammarCompiler(backend.guidance_tokenizer, config.grammar_limits)
+        self.sampler = RowSampler(backend, np.flatnonzero(backend.eog_mask()),
+                                  Guide(self.grammars, backend.info.n_vocab))
         self._eog_ids = frozenset(self.sampler.eog_ids.tolist())
         self.ticks: list[TickRecord] = []
         self.on_tick: Callable[[TickRecord], None] | None = None

@@ -9,6 +9,7 @@ from cobali.engine.budget import check_budget_settings
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.queue import WaitQueue
 from cobali.engine.spec import SpecConfig
+from cobali.structured.limits import GrammarLimits
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class EngineConfig:
     async_scheduling: bool = False
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding by prompt lookup (off by default)
     lora_updates: bool = False  # LoRA adapters may be loaded while serving (Engine.adapters)
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)  # what one constraint may cost
 
     def __post_init__(self) -> None:
         admission_for_mode(self.mode, self.prefill_chunk_tokens)

@@ -18,7 +18,7 @@ import numpy as np
 
 from cobali.backends.base import BackendInfo
 from cobali.engine.kv_blocks import BLOCK_TOKENS, KvAccountant
-from cobali.engine.kv_tier import HostPrefixes, common_prefix
+from cobali.engine.kv_tier import KEY_DTYPE, HostPrefixes, common_prefix
 from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, LoadSlot, MoveSlot, TrimSlot
 
 
@@ -77,7 +77,7 @@ class SlotPool:
         if not (self.prefix_cache and prompt):
             slot = self._take_fresh()
             return Assignment(slot, 0)
-        tokens = np.asarray(prompt, dtype=np.int32)
+        tokens = np.asarray(prompt, dtype=KEY_DTYPE)
         source, reused = self._best_source(tokens, sources or ())
         self.queried_tokens += len(tokens)
         if reused < self.min_reuse_tokens:
@@ -222,7 +222,7 @@ class SlotPool:
         once; otherwise it stays, to be reused or evicted."""
         assert slot not in self._free, f"slot {slot} released twice"
         if self.prefix_cache and kv_tokens and len(kv_tokens) >= self.min_reuse_tokens:
-            self._cached[slot] = np.asarray(kv_tokens, dtype=np.int32)
+            self._cached[slot] = np.asarray(kv_tokens, dtype=KEY_DTYPE)
             self.accountant.hold(slot, len(kv_tokens))
         else:
             self._clear(slot)
@@ -234,7 +234,7 @@ class SlotPool:
         None too where host memory holds a longer one that the free slots' cells, once emptied, can take."""
         if not (self.prefix_cache and prompt):
             return None
-        tokens = np.asarray(prompt, dtype=np.int32)
+        tokens = np.asarray(prompt, dtype=KEY_DTYPE)
         slot, reused = self._best_source(tokens, ())
         if reused < self.min_reuse_tokens:
             return None

@@ -18,6 +18,9 @@ import numpy as np
 from cobali.backends.base import Backend, BackendInfo
 from cobali.engine.plan import ClearSlot, CopyPrefix, ForgetSaved, KvOp, LoadSlot, MoveSlot, SaveSlot, TrimSlot
 
+# The prefix cache's keys (Request.kv_key): a token's 32 bits, and above them a cache_salt's mark.
+KEY_DTYPE = np.int64
+
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
@@ -26,8 +29,8 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def _sortable(tokens: np.ndarray) -> bytes:
-    """Token ids as bytes that sort as the sequences do (big-endian, fixed width), prefixes first."""
-    return tokens.astype(">u4").tobytes()
+    """Keys as bytes that sort as the sequences do (big-endian, fixed width), prefixes first."""
+    return tokens.astype(">u8").tobytes()
 
 
 class HostPrefixes:

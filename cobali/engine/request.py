@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -40,10 +42,22 @@ _TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
 # Stands in for a token that a decode still in flight is sampling (async scheduling, engine/overlap.py): the
 # request already counts it, so the next tick can be planned before the token is known.
 PENDING_TOKEN = -1
-# Above any vocabulary: adapter a keys token t as -(a * stride + t + 1) (Request.kv_key), in the prefix cache's
-# int32 arrays for adapter indices up to MAX_ADAPTER_INDEX (8191; an engine refuses to load one more).
+# Above any vocabulary: adapter a keys token t as -(a * stride + t + 1) (Request.kv_key), within the 32 bits a
+# key gives a token for adapter indices up to MAX_ADAPTER_INDEX (8191; an engine refuses to load one more).
 ADAPTER_KEY_STRIDE = 1 << 18
 MAX_ADAPTER_INDEX = (1 << 31) // ADAPTER_KEY_STRIDE - 1
+# A cache_salt's mark, in the first SALT_KEYS keys of its requests (Request.kv_key): any reuse spans at least
+# min_reuse_tokens >= SALT_KEYS keys, so two salts would share KV only if their digests' 240 bits collided.
+SALT_KEYS = 8
+
+
+@lru_cache(maxsize=4096)  # a tenant's salt comes back with each of its requests, and is keyed several times each
+def salt_marks(salt: str) -> tuple[int, ...]:
+    """SALT_KEYS tags of 30 random bits each, nonzero, above a key's 32 token bits: a salted key is >= 2**32,
+    where an unsalted one (a token id, or an adapter's negative key) never is."""
+    digest = hashlib.blake2b(salt.encode(), digest_size=4 * SALT_KEYS).digest()
+    words = (int.from_bytes(digest[i : i + 4], "big") for i in range(0, len(digest), 4))
+    return tuple(((word >> 1) | 1) << 32 for word in words)
 
 
 class FinishReason(enum.Enum):
@@ -137,12 +151,16 @@ class Request:
     def kv_key(self, n: int) -> list[int]:
         """Its first n tokens as the prefix cache knows them. KV computed under a LoRA adapter is that adapter's
         alone, so an adapter's tokens are keyed as negative ids, in a range of its own (the base model's keep
-        their ids): the pool's comparisons of token arrays then never match across adapters."""
+        their ids): the pool's comparisons of token arrays then never match across adapters. A cache_salt marks
+        the first keys (as vLLM folds it into its first block's hash), so only requests with that salt match."""
         tokens = self.all_tokens[:n]
-        if not self.lora:
-            return tokens
-        offset = self.lora * ADAPTER_KEY_STRIDE + 1
-        return [-(t + offset) for t in tokens]
+        if self.lora:
+            offset = self.lora * ADAPTER_KEY_STRIDE + 1
+            tokens = [-(t + offset) for t in tokens]
+        if self.params.cache_salt is not None:
+            marks = salt_marks(self.params.cache_salt)
+            tokens[:SALT_KEYS] = [mark | (t & 0xFFFFFFFF) for mark, t in zip(marks, tokens, strict=False)]
+        return tokens
 
     @property
     def n_context_tokens(self) -> int:

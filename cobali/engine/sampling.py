@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from cobali.structured.guide import Guide
+
 if TYPE_CHECKING:
     from cobali.backends.base import Backend, SamplingParams, TokenSampler
 
@@ -46,12 +48,14 @@ class RowSampler:
 
     Greedy rows share one argmax over the logits, the backend's (a GPU one computes it on the device); other
     rows use the request's own backend sampler (a llama.cpp chain), created on first use and kept for the
-    request's life so penalties and RNG state follow the request.
+    request's life so penalties and RNG state follow the request. A constrained request's row is masked to what
+    its grammar allows (the guide) before its sampler reads it.
     """
 
-    def __init__(self, backend: Backend, eog_ids: np.ndarray) -> None:
+    def __init__(self, backend: Backend, eog_ids: np.ndarray, guide: Guide) -> None:
         self.backend = backend
         self.eog_ids = eog_ids  # what min_tokens bans, with the request's stop_token_ids
+        self.guide = guide
         self._samplers: dict[int, TokenSampler] = {}
 
     def sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int]
@@ -61,11 +65,26 @@ class RowSampler:
         request, None where that request's sampler failed, and the failures by request id: one request's
         sampler must not take the engine (and every other request) down with it."""
         banned = self._ban_end_tokens(logits, requests, out_rows)
+        guided = [(r.id, o, r.params.grammar) for r, o in zip(requests, out_rows, strict=True)
+                  if r.params.grammar is not None]
+        masked, failures = self.guide.constrain(logits, guided) if guided else ([], {})
         try:
-            return self._sample(logits, requests, rows, out_rows)
+            tokens = self._sample(logits, requests, rows, out_rows, failures)
         finally:  # logprobs are read from the model's own logits
+            self.guide.restore(logits, masked)
             for out_row, ids, values in banned:
                 logits[out_row, ids] = values
+        if guided:
+            self._feed_guide(requests, tokens, failures)
+        return tokens, failures
+
+    def _feed_guide(self, requests: list[Sampling], tokens: list[int | None], failures: dict[int, Exception]) -> None:
+        """Each constrained request's token to its grammar; one the grammar refuses fails its request."""
+        for i, (request, token) in enumerate(zip(requests, tokens, strict=True)):
+            if token is not None and request.params.grammar is not None:
+                error = self.guide.accept(request.id, token)
+                if error is not None:
+                    failures[request.id], tokens[i] = error, None
 
     def _ban_end_tokens(self, logits: np.ndarray, requests: list[Sampling], out_rows: list[int]
                         ) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -79,25 +98,28 @@ class RowSampler:
                 logits[out_row, ids] = -np.inf
         return banned
 
-    def _sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int]
-                ) -> tuple[list[int | None], dict[int, Exception]]:
+    def _sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int],
+                failures: dict[int, Exception]) -> list[int | None]:
+        """One token per request, None for those in `failures` already or whose sampler fails (added there)."""
         greedy = [r.params.is_greedy for r in requests]
         best = self.backend.argmax(logits).tolist() if any(greedy) else []
         if all(greedy):
             # One logits row per request (the common case) means out_rows is 0..n-1.
-            return (best if len(best) == len(requests) else [best[o] for o in out_rows]), {}
+            return best if len(best) == len(requests) else [best[o] for o in out_rows]
         tokens: list[int | None] = []
-        failures: dict[int, Exception] = {}
         for request, row, out_row, is_greedy in zip(requests, rows, out_rows, greedy, strict=True):
             if is_greedy:
                 tokens.append(best[out_row])
+                continue
+            if request.id in failures:
+                tokens.append(None)
                 continue
             try:
                 tokens.append(self._sampler_for(request.id, request.params).sample(row))
             except Exception as err:  # a backend's sampler is third-party code: contain its failure
                 failures[request.id] = err
                 tokens.append(None)
-        return tokens, failures
+        return tokens
 
     def _sampler_for(self, request_id: int, params: SamplingParams) -> TokenSampler:
         sampler = self._samplers.get(request_id)
@@ -106,6 +128,7 @@ class RowSampler:
         return sampler
 
     def forget(self, request_id: int) -> None:
+        self.guide.forget(request_id)
         sampler = self._samplers.pop(request_id, None)
         if sampler is not None:
             sampler.close()

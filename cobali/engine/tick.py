@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cobali.engine.kv import SlotPool
+from cobali.engine.kv_tier import KEY_DTYPE
 from cobali.engine.plan import Chunk, ChunkKind
 from cobali.engine.policies import AdmissionPolicy, KvPolicy
 from cobali.engine.queue import WaitQueue
@@ -179,11 +180,13 @@ class TickBuilder:
         sources = None
         if q.slots.prefix_cache:
             # Lazily, and only the running requests whose KV starts as this prompt does: a prefix shorter
-            # than min_reuse_tokens is never reused, and hundreds of running requests must not cost a copy each.
-            head = request.all_tokens[: q.slots.min_reuse_tokens]
-            sources = ((r.slot, np.asarray(r.kv_key(r.computed_tokens), dtype=np.int32))
+            # than min_reuse_tokens is never reused, and hundreds of running requests must not cost a copy each
+            # (another cache_salt's KV never matches its keys: not worth a copy either).
+            head, salt = request.all_tokens[: q.slots.min_reuse_tokens], request.params.cache_salt
+            sources = ((r.slot, np.asarray(r.kv_key(r.computed_tokens), dtype=KEY_DTYPE))
                        for r in q.running if r.slot is not None and r.id not in self.admitted
-                       and r.computed_tokens >= len(head) and _first_tokens(r, len(head)) == head)
+                       and r.computed_tokens >= len(head) and r.params.cache_salt == salt
+                       and _first_tokens(r, len(head)) == head)
         assignment = q.slots.assign(reusable, sources)
         while not acc.can_hold(assignment.slot, need) and q.slots.evict_one():
             pass  # the spared prefix was not reused in place after all (a longer one was found elsewhere)

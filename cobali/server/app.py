@@ -9,25 +9,30 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from cobali.engine.engine import Engine
 from cobali.server import chat, embeddings, lora_routes, openai_routes, responses, tokenizer_routes
-from cobali.server.config import DEFAULT_MAX_BODY_BYTES
+from cobali.server.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BUFFER_CHARS, DEFAULT_SEND_TIMEOUT_S
 from cobali.server.engine_thread import EngineThread, QueueFull
 from cobali.server.errors import APIError, install_error_handlers, unavailable, unknown_model
 from cobali.server.generation import EngineUnavailable, GenerationError
 from cobali.server.limits import BodyLimit
 from cobali.server.metrics import ServerMetrics
+from cobali.server.request_limits import OverLimit, PreprocessLimits, RequestLimits
 from cobali.server.state import LoraNames, ServerContext
+from cobali.server.work_pool import WorkPool
+from cobali.structured.limits import GrammarLimits
 
 ops = APIRouter()
 
 
 async def require_api_key(http: Request) -> None:
-    """Bearer auth for /v1/*, /tokenize, /detokenize and /slots; /health and /metrics stay open for probes and
-    scrapers. Async, because FastAPI runs a plain-def dependency on a worker thread: a thread hop per request."""
+    """Bearer auth for /v1/*, /tokenize, /detokenize, /slots and the docs (/docs, /redoc, /openapi.json); /health
+    and /metrics stay open for probes and scrapers. Async, because FastAPI runs a plain-def dependency on a worker
+    thread: a thread hop per request."""
     key = http.app.state.server.api_key
     if key is None:
         return
@@ -35,6 +40,29 @@ async def require_api_key(http: Request) -> None:
     if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
         raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                        "authentication_error", code="invalid_api_key")
+
+
+# The API's description is served as the API is: FastAPI's own docs routes would answer without the key.
+docs = APIRouter(include_in_schema=False, dependencies=[Depends(require_api_key)])
+
+
+def _schema_url(http: Request) -> str:
+    return http.scope.get("root_path", "").rstrip("/") + "/openapi.json"  # behind a proxy's prefix, as FastAPI's
+
+
+@docs.get("/openapi.json")
+async def openapi(http: Request) -> JSONResponse:
+    return JSONResponse(http.app.openapi())
+
+
+@docs.get("/docs")
+async def swagger_ui(http: Request) -> HTMLResponse:
+    return get_swagger_ui_html(openapi_url=_schema_url(http), title=f"{http.app.title} - Swagger UI")
+
+
+@docs.get("/redoc")
+async def redoc(http: Request) -> HTMLResponse:
+    return get_redoc_html(openapi_url=_schema_url(http), title=f"{http.app.title} - ReDoc")
 
 
 def _context(http: Request) -> ServerContext:
@@ -106,12 +134,16 @@ def slot_table(engine: Engine) -> list[dict]:
 def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue: int | None = None,
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                chat_template: str | None = None, stream_interval: int = 1, lora_names: tuple[str, ...] = (),
-               runtime_lora: bool = False) -> FastAPI:
+               runtime_lora: bool = False, send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+               max_stream_buffer_chars: int = DEFAULT_MAX_STREAM_BUFFER_CHARS, limits: RequestLimits | None = None,
+               grammar: GrammarLimits | None = None, preprocess: PreprocessLimits | None = None) -> FastAPI:
     """The app and its engine thread, which builds the engine with `engine_factory` (loading the model).
 
     The thread starts with the app, so /health answers 503 while the model loads, and stops with it.
     lora_names: the adapters loaded with the model; runtime_lora: vLLM's load/unload routes are served.
+    limits, grammar, preprocess: what one request may cost (README, "Bounded cost"); None: the defaults.
     """
+    pool = WorkPool(preprocess or PreprocessLimits())
     metrics = ServerMetrics()
     engine_thread = EngineThread(engine_factory, max_queue=max_queue, observer=metrics,
                                  stream_interval=stream_interval)
@@ -119,14 +151,20 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         engine_thread.start()
+        metrics.loop_lag.start()
         yield
+        await metrics.loop_lag.stop()
         await asyncio.to_thread(engine_thread.stop)  # joining must not block the loop it reports to
+        pool.close()
 
     # FastAPI's own OpenTelemetry hooks look up the tracer provider in os.environ on every request (7.5 % of
     # the event loop's time at 256 streams, bench/sleeping_backend.py); cobali's metrics are its /metrics.
-    app = FastAPI(title="cobali", lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False})
+    app = FastAPI(title="cobali", lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False},
+                  openapi_url=None, docs_url=None, redoc_url=None)  # the `docs` router's instead
     app.state.server = ServerContext(engine_thread, metrics, model_name, api_key, created=int(time.time()),
-                                     chat_template=chat_template, loras=LoraNames(lora_names))
+                                     chat_template=chat_template, loras=LoraNames(lora_names),
+                                     send_timeout_s=send_timeout_s, max_stream_buffer_chars=max_stream_buffer_chars,
+                                     limits=limits or RequestLimits(), grammar=grammar or GrammarLimits(), pool=pool)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
@@ -138,7 +176,12 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
     async def _queue_full(_http: Request, err: QueueFull) -> JSONResponse:
         return APIError(429, str(err), "rate_limit_error", code="queue_full").response()
 
+    @app.exception_handler(OverLimit)
+    async def _over_limit(_http: Request, err: OverLimit) -> JSONResponse:
+        return APIError(400, str(err), param=err.param, code="over_limit").response()
+
     app.include_router(ops)
+    app.include_router(docs)
     for routes in (openai_routes, chat, embeddings, responses, tokenizer_routes, *[lora_routes] * runtime_lora):
         app.include_router(routes.router, dependencies=[Depends(require_api_key)])
     return app

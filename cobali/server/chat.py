@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,8 +12,9 @@ from fastapi.responses import Response
 from cobali.engine.engine import Engine
 from cobali.server.chat_schemas import ChatCompletionRequest
 from cobali.server.chat_template import ChatPrompter
+from cobali.server.disconnect import cancelled_on_disconnect
 from cobali.server.errors import bad_request
-from cobali.server.openai_routes import generate, served_engine, tokenize
+from cobali.server.openai_routes import Choices, build_choices, generate, preprocessed, served_engine, tokenize
 from cobali.server.replies import CHAT
 from cobali.server.state import ServerContext
 
@@ -48,7 +50,14 @@ def chat_prompt(http: Request, engine: Engine, body: ChatCompletionRequest) -> l
 
 
 @router.post("/v1/chat/completions")
+@cancelled_on_disconnect
 async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
     engine = served_engine(http, body.model)
     kind = dataclasses.replace(CHAT, tool_names=frozenset(t.function.name for t in body.active_tools))
-    return await generate(http, engine, body, [chat_prompt(http, engine, body)], kind)
+    prepared = await preprocessed(http, engine, body, 1, functools.partial(chat_choices, http, engine, body))
+    return await generate(http, engine, body, prepared, kind)
+
+
+def chat_choices(http: Request, engine: Engine, body: ChatCompletionRequest) -> Choices:
+    """The prompt through the template, tokenized, and the choices' params: on the worker pool."""
+    return build_choices(engine, body, [chat_prompt(http, engine, body)], http.app.state.server.limits)

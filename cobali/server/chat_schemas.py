@@ -7,10 +7,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from cobali.backends.base import MAX_LOGPROBS
 from cobali.server.bodies import Body, one_of
-from cobali.server.grammar import check_json_schema, tool_call_grammar
 from cobali.server.schemas import GenerationRequest
+from cobali.server.structured import check_json_schema
+from cobali.structured.grammars import tool_call_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -68,12 +68,6 @@ class FunctionDefinition(Body):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
-    @model_validator(mode="after")
-    def _schema_valid(self) -> FunctionDefinition:
-        if self.parameters is not None:
-            check_json_schema(self.parameters)
-        return self
-
 
 class Tool(Body):
     type: Literal["function"]
@@ -101,8 +95,8 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Tool] | None = Field(default=None, max_length=128)
+    top_logprobs: int | None = Field(default=None, ge=0)
+    tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     functions: list[dict[str, Any]] | None = None  # the deprecated predecessors of tools
@@ -142,6 +136,11 @@ class ChatCompletionRequest(GenerationRequest):
         return self.active_tools if self.tool_choice == "required" else []
 
     def sampling_grammar(self) -> str | None:
+        """Checked here, on the server's workers, not while the body is read on the event loop: every tool's
+        schema (a bad one is the client's 400 even unforced), then the grammar."""
+        for tool in self.active_tools:
+            if tool.function.parameters is not None:
+                check_json_schema(tool.function.parameters, f"the parameters of tool '{tool.function.name}'")
         forced = self.forced_tools()
         if not forced:
             return super().sampling_grammar()

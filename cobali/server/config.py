@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from cobali.server.request_limits import PreprocessLimits, RequestLimits
+from cobali.structured.limits import GrammarLimits
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_SEND_TIMEOUT_S = 30.0
+DEFAULT_MAX_STREAM_BUFFER_CHARS = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,11 @@ class ServerConfig:
     stream_interval: int = 1  # tokens per streamed delta at most; the first text and the end never wait
     lora_modules: tuple[tuple[str, str], ...] = ()  # --lora-modules: (model id, adapter GGUF), adapters 1, 2, ...
     runtime_lora: bool = False  # --allow-runtime-lora-updating: vLLM's load/unload routes
+    limits: RequestLimits = field(default_factory=RequestLimits)  # what one request may ask (--max-choices, ...)
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # what one constraint may cost (--max-grammar-bytes)
+    preprocess: PreprocessLimits = field(default_factory=PreprocessLimits)  # --preprocess-workers, -timeout, ...
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S  # --send-timeout: a stream's client must read within it
+    max_stream_buffer_chars: int = DEFAULT_MAX_STREAM_BUFFER_CHARS  # --max-stream-buffer: text held per stream
 
     def __post_init__(self) -> None:
         if self.stream_interval < 1:

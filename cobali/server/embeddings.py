@@ -21,6 +21,7 @@ from cobali.server.errors import bad_request
 from cobali.server.openai_routes import served_engine
 from cobali.server.state import ServerContext
 from cobali.server.unknown_fields import ignored_fields_headers
+from cobali.server.work_pool import client_of
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 
@@ -72,7 +73,8 @@ async def embeddings(body: EmbeddingRequest, http: Request) -> JSONResponse:
     if body.dimensions is not None and body.dimensions != limits.n_embd:
         raise bad_request(f"dimensions: this model's embeddings have {limits.n_embd} dimensions and cannot be "
                           "shortened", "dimensions")
-    inputs = [_tokens(engine, item, limits.max_tokens) for item in body.inputs()]
+    inputs = await server.pool.run(client_of(http), lambda: [_tokens(engine, item, limits.max_tokens)
+                                                             for item in body.inputs()])
     async with server.embedding_lock:
         vectors = await asyncio.to_thread(engine.backend.embed, inputs)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)

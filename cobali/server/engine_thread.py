@@ -33,6 +33,8 @@ from cobali.engine.request import Request
 from cobali.server.generation import Delta, EngineUnavailable, Failure, Generation
 
 SAVE_AFTER_IDLE_S = 0.05
+# What clients are told of a failed engine: its exception text is the log's alone (paths, device details).
+ENGINE_FAILED = "the engine failed; see the server log"
 
 log = logging.getLogger("cobali.server")
 
@@ -105,7 +107,7 @@ class EngineThread:
         if self.state is EngineState.LOADING:
             raise EngineUnavailable("the model is loading")
         if self.state is EngineState.FAILED:
-            raise EngineUnavailable(f"the engine failed: {self.error}")
+            raise EngineUnavailable(ENGINE_FAILED)
         raise EngineUnavailable("the server is shutting down")
 
     def submit(self, prompts: list[tuple[list[int], SamplingParams]], priority: int = 0, lora: int = 0) -> Generation:
@@ -114,12 +116,7 @@ class EngineThread:
         generation = Generation(asyncio.get_running_loop(), self)
         with self._lock:
             engine = self.require_engine()
-            if self.max_queue is not None:
-                # Everything beyond the slots is waiting, so this bounds the queue without reading it.
-                capacity = engine.config.max_slots + self.max_queue
-                if len(self._live) + len(prompts) > capacity:
-                    raise QueueFull(f"the server is busy: {len(self._live)} requests in flight, "
-                                    f"{engine.config.max_slots} slots, queue limit {self.max_queue}")
+            self._check_room(engine, len(prompts))
             arrival = time.perf_counter()
             for index, (tokens, params) in enumerate(prompts):
                 on_token = partial(self._on_token, generation, index)
@@ -129,6 +126,19 @@ class EngineThread:
                 self._live[request.id] = generation
         self._wake.set()
         return generation
+
+    def check_room(self, n_requests: int) -> None:
+        """QueueFull now if n_requests more could not be queued: a full server refuses a request before its
+        tokenizing, template and grammar cost anything (submit checks again)."""
+        self._check_room(self.require_engine(), n_requests)
+
+    def _check_room(self, engine: Engine, n_requests: int) -> None:
+        if self.max_queue is not None:
+            # Everything beyond the slots is waiting, so this bounds the queue without reading it.
+            capacity = engine.config.max_slots + self.max_queue
+            if len(self._live) + n_requests > capacity:
+                raise QueueFull(f"the server is busy: {len(self._live)} requests in flight, "
+                                f"{engine.config.max_slots} slots, queue limit {self.max_queue}")
 
     def call(self, work: Callable[[Engine], Any]) -> asyncio.Future:
         """Run work(engine) on the engine thread between two ticks (the backend is that thread's alone); the
@@ -239,9 +249,9 @@ class EngineThread:
             self.state = EngineState.FAILED
             pending = set(self._live.values())
             self._live.clear()
-        self._fail_calls(f"the engine failed: {message}")
+        self._fail_calls(ENGINE_FAILED)
         for generation in pending:
-            generation.push(Failure(f"the engine failed: {message}"))
+            generation.push(Failure(ENGINE_FAILED))
         if loading and self.on_load_failed is not None:
             self.on_load_failed(message)
 

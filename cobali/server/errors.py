@@ -53,6 +53,8 @@ def validation_error(err: RequestValidationError) -> APIError:
         return bad_request("invalid request body")
     first = errors[0]
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if not loc and first.get("ctx", {}).get("field"):  # a check over the whole body names the field itself
+        loc = [first["ctx"]["field"]]
     if first.get("type") == "json_invalid":
         return bad_request(f"invalid JSON body: {first.get('ctx', {}).get('error', first['msg'])}")
     param = ".".join(loc) or None

@@ -6,8 +6,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from cobali.options import add_engine_args, non_negative_float, non_negative_int, positive_int
-from cobali.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from cobali.options import add_engine_args, non_negative_float, non_negative_int, positive_float, positive_int
+from cobali.server.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_STREAM_BUFFER_CHARS,
+    DEFAULT_SEND_TIMEOUT_S,
+    ServerConfig,
+)
+from cobali.server.limit_flags import add_limit_args, grammar_limits, preprocess_limits, request_limits
 
 
 def _port(text: str) -> int:
@@ -44,6 +50,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="LoRA adapters (GGUF, as llama.cpp's convert_lora_to_gguf.py or `cobali synth-lora` "
                              "write them), each served as model NAME beside the base model; a tick runs the "
                              "requests of one adapter, and busy adapters take turns")
+    add_limit_args(parser)
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +73,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-interval", type=positive_int, default=1, metavar="N",
                         help="a stream sends its text every N tokens (the first text and the end at once); "
                              "larger N costs the server less per token, and streams less smoothly")
+    parser.add_argument("--send-timeout", type=positive_float, default=DEFAULT_SEND_TIMEOUT_S, metavar="S",
+                        help="a stream whose client reads nothing for S seconds is dropped, its request aborted")
+    parser.add_argument("--max-stream-buffer", type=positive_int, default=DEFAULT_MAX_STREAM_BUFFER_CHARS,
+                        metavar="CHARS", help="text a stream may hold for a client that falls behind; beyond it "
+                        "the client is dropped, its request aborted")
     parser.add_argument("--replicas", type=positive_int, default=1,
                         help="engines behind one endpoint, with Ray Serve (optional extra: pip install 'cobali[ray]')")
     parser.add_argument("--ray-address", default=None,
@@ -87,7 +99,8 @@ def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
 def run_batch_config(args: argparse.Namespace) -> ServerConfig:
     """The in-process server a batch runs through: no socket, and no queue limit (the batch bounds itself)."""
     return ServerConfig(served_model_name=args.served_model_name, chat_template=args.chat_template, max_queue=None,
-                        lora_modules=tuple(args.lora_modules))
+                        lora_modules=tuple(args.lora_modules), limits=request_limits(args),
+                        grammar=grammar_limits(args), preprocess=preprocess_limits(args, client_queue=False))
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -95,4 +108,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
                         shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address,
                         chat_template=args.chat_template, stream_interval=args.stream_interval,
-                        lora_modules=tuple(args.lora_modules), runtime_lora=args.allow_runtime_lora_updating)
+                        lora_modules=tuple(args.lora_modules), runtime_lora=args.allow_runtime_lora_updating,
+                        send_timeout_s=args.send_timeout, max_stream_buffer_chars=args.max_stream_buffer,
+                        limits=request_limits(args), grammar=grammar_limits(args), preprocess=preprocess_limits(args))

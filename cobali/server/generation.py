@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -30,6 +30,10 @@ class RequestFailed(GenerationError):
         return bad_request(str(self))
 
 
+class StreamOverflow(GenerationError):
+    """A stream's client fell too far behind (--max-stream-buffer): its generation was aborted."""
+
+
 class Aborter(Protocol):
     """What a generation asks of the engine thread that owns it (cobali.server.engine_thread.EngineThread)."""
 
@@ -46,6 +50,7 @@ class Delta(NamedTuple):
 @dataclass
 class Failure:
     message: str
+    error: type[GenerationError] = EngineUnavailable
 
 
 @dataclass(eq=False)  # identity semantics: generations go in sets
@@ -56,6 +61,12 @@ class Generation:
     owner: Aborter
     requests: list[Request] = field(default_factory=list)
     unfinished: int = field(default=0, init=False)  # requests whose final delta batches() has not yielded
+    # Characters of text the inbox may hold (None: no bound). A stream's consumer stuck on a client that does
+    # not read takes nothing out, while the engine goes on decoding into it.
+    max_buffered: int | None = field(default=None, init=False)
+    on_overflow: Callable[[], None] | None = field(default=None, init=False)  # the stream drops its client
+    _buffered: int = field(default=0, init=False)
+    _overflowed: bool = field(default=False, init=False)
     _inbox: list[Delta | Failure] = field(default_factory=list, init=False)  # event loop only
     _arrived: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
@@ -71,8 +82,25 @@ class Generation:
 
     def put(self, item: Delta | Failure) -> None:
         """On the event loop."""
+        if self.max_buffered is not None and isinstance(item, Delta):
+            self._buffered += len(item.text)
+            if self._buffered > self.max_buffered or self._overflowed:
+                self._overflow()
+                return
         self._inbox.append(item)
         self._arrived.set()
+
+    def _overflow(self) -> None:
+        """Past max_buffered: the text held is dropped, the requests aborted, and the reader told."""
+        if self._overflowed:
+            return
+        self._overflowed = True
+        self._inbox = [Failure(f"the client fell more than {self.max_buffered} characters behind its stream",
+                               StreamOverflow)]
+        self._arrived.set()
+        self.abort()
+        if self.on_overflow is not None:
+            self.on_overflow()
 
     def abort(self) -> None:
         """End every unfinished request at the next tick; safe from any thread, a no-op once finished."""
@@ -87,7 +115,7 @@ class Generation:
         while self.unfinished:
             await self._arrived.wait()
             self._arrived.clear()
-            items, self._inbox = self._inbox, []
+            items, self._inbox, self._buffered = self._inbox, [], 0
             batch: list[Delta] = []
             for item in items:
                 problem = self._problem(item)
@@ -107,7 +135,7 @@ class Generation:
 
     def _problem(self, item: Delta | Failure) -> GenerationError | None:
         if isinstance(item, Failure):
-            return EngineUnavailable(item.message)
+            return item.error(item.message)
         if not item.finished:
             return None
         request = self.requests[item.index]

@@ -9,24 +9,27 @@ Off by default: a client that may name files on the server's disk is an operator
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
-from cobali.server.bodies import Body
+from cobali.engine.adapters import AdapterLimit
+from cobali.server.bodies import RequestBody
 from cobali.server.errors import APIError, bad_request
 from cobali.server.state import ServerContext
 
 router = APIRouter()
+log = logging.getLogger("cobali.server")
 
 
-class LoadLoraBody(Body):
+class LoadLoraBody(RequestBody):
     lora_name: str = Field(min_length=1)
     lora_path: str = Field(min_length=1)
 
 
-class UnloadLoraBody(Body):
+class UnloadLoraBody(RequestBody):
     lora_name: str = Field(min_length=1)
     lora_int_id: int | None = None  # vLLM's; the name decides here
 
@@ -41,10 +44,14 @@ async def load_lora_adapter(body: LoadLoraBody, http: Request) -> PlainTextRespo
     loras.name_when_loaded(name, loading)
     try:
         await asyncio.shield(loading)  # a handler cancelled now still leaves the adapter its name
-    except FileNotFoundError as err:  # as vLLM: its NotFoundError
-        raise APIError(404, f"Loading lora {name} failed: {err}", "not_found_error", "lora_path") from None
-    except ValueError as err:
-        raise bad_request(f"Loading lora {name} failed: {err}", "lora_path") from None
+    except AdapterLimit as err:
+        raise bad_request(f"Loading lora {name} failed: {err}") from None
+    except (OSError, ValueError) as err:
+        # One answer whether the file is missing, unreadable or no adapter (vLLM's 404 for a missing one would
+        # tell a client which paths exist on the server's disk); the log says which.
+        log.warning("loading lora %s failed: %s", name, err)
+        raise bad_request(f"Loading lora {name} failed: {body.lora_path} is not a LoRA adapter this server can "
+                          "load", "lora_path") from None
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 

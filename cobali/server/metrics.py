@@ -19,6 +19,7 @@ from cobali.engine.engine import Engine
 from cobali.engine.plan import TickRecord
 from cobali.engine.request import FinishReason, Request
 from cobali.metrics import request_timing
+from cobali.server.loop_lag import LoopLagMonitor
 
 log = logging.getLogger("cobali.server")
 prometheus_client.disable_created_metrics()  # process-wide; the *_created series only add noise (as vLLM)
@@ -61,6 +62,7 @@ class ServerMetrics:
         self.iteration_tokens = histogram("iteration_tokens", "Tokens in one tick's batch.", _COUNT_BUCKETS)
         self.iteration_requests = histogram("iteration_requests", "Requests in one tick's batch: above 1 "
                                             "means requests ran together.", _COUNT_BUCKETS)
+        self.loop_lag = LoopLagMonitor(registry)  # started and stopped with the app (its lifespan)
 
     def attach(self, engine: Engine) -> None:
         """Called on the engine thread once the model is loaded."""

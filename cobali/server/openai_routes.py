@@ -2,72 +2,44 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
+from cobali.server.disconnect import cancelled_on_disconnect, client_watch
 from cobali.server.errors import bad_request, unknown_model
+from cobali.server.event_stream import EventStream
 from cobali.server.generation import Generation, GenerationError
 from cobali.server.logprobs import LogprobWriter, prompt_logprobs
 from cobali.server.replies import COMPLETION, Kind, Reply, sse
+from cobali.server.request_limits import RequestLimits, check_prompt_logprobs, check_request
 from cobali.server.schemas import CompletionRequest, GenerationRequest, ModelLimits
 from cobali.server.state import ServerContext
 from cobali.server.unknown_fields import ignored_fields_headers
+from cobali.server.work_pool import client_of
+
+T = TypeVar("T")
+Choices = list[tuple[list[int], SamplingParams]]  # one (prompt tokens, params) per engine request
 
 router = APIRouter()
 
 
-class EventStream(StreamingResponse):
-    """Server-sent events from a generator that watches for the client's disconnect itself
-    (aborted_on_disconnect). Starlette's StreamingResponse adds a second watcher under ASGI servers older than
-    spec 2.4 (uvicorn's is 2.3): a task group per request, whose cancel formats a task's repr. Measured with
-    256 short streams on a 5 ms sleeping backend, that was a tenth of the event loop's time."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, events: AsyncIterator[str], headers: dict[str, str]) -> None:
-        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.stream_response(send)
-
-
-@contextlib.asynccontextmanager
-async def aborted_on_disconnect(http: Request, generation: Generation) -> AsyncIterator[None]:
-    """Free the slots as soon as the client goes away, even while its requests still wait in the queue."""
-
-    async def watch() -> None:
-        while (await http.receive())["type"] != "http.disconnect":
-            pass
-        generation.abort()
-
-    watcher = asyncio.create_task(watch())
+async def _stream(reply: Reply, include_usage: bool) -> AsyncIterator[str]:
     try:
-        yield
-    finally:
-        watcher.cancel()
-        generation.abort()  # a no-op when everything finished; otherwise an error or a cancelled handler
-
-
-async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
-    async with aborted_on_disconnect(http, reply.generation):
-        try:
-            if (opening := reply.opening()) is not None:
-                yield opening
-            async for deltas in reply.generation.batches():  # one write for all that arrived together
-                chunk = "".join(map(reply.delta_chunk, deltas))
-                if not reply.generation.unfinished:  # the last text: the stream's end rides in the same write
-                    chunk += (reply.chunk([], reply.usage()) if include_usage else "") + "data: [DONE]\n\n"
-                yield chunk
-        except GenerationError as err:  # headers are sent: report in-band, as OpenAI streams do
-            yield sse(err.api_error().body())
+        if (opening := reply.opening()) is not None:
+            yield opening
+        async for deltas in reply.generation.batches():  # one write for all that arrived together
+            chunk = "".join(map(reply.delta_chunk, deltas))
+            if not reply.generation.unfinished:  # the last text: the stream's end rides in the same write
+                chunk += (reply.chunk([], reply.usage()) if include_usage else "") + "data: [DONE]\n\n"
+            yield chunk
+    except GenerationError as err:  # headers are sent: report in-band, as OpenAI streams do
+        yield sse(err.api_error().body())
 
 
 def tokenize(engine: Engine, prompt: str | list[int], param: str, keep: int | None = None) -> list[int]:
@@ -86,14 +58,18 @@ def tokenize(engine: Engine, prompt: str | list[int], param: str, keep: int | No
         raise bad_request(str(err), param) from None
 
 
-def _choices(engine: Engine, body: GenerationRequest,
-             prompts: list[list[int]]) -> list[tuple[list[int], SamplingParams]]:
+def build_choices(engine: Engine, body: GenerationRequest, prompts: list[list[int]],
+                  request_limits: RequestLimits) -> Choices:
+    """Every choice's params, its grammar built and compiled: on the worker pool (preprocessed)."""
+    if (k := body.prompt_logprob_count()) is not None:  # vLLM's, or echo's with logprobs
+        check_prompt_logprobs(sum(map(len, prompts)) * (k + 1) * body.n,
+                              "prompt_logprobs" if body.prompt_logprobs is not None else "logprobs", request_limits)
     limits = ModelLimits(engine.slots.accountant.seq_limit, engine.backend.info.n_vocab)
     try:
         choices = [(tokens, body.sampling_params(len(tokens), limits, copy))
                    for tokens in prompts for copy in range(body.n)]
         if choices[0][1].grammar is not None:  # compile once here: a bad grammar must not reach the engine
-            engine.backend.new_sampler(choices[0][1]).close()
+            engine.grammars.check(choices[0][1].grammar)
     except ValueError as err:
         raise bad_request(str(err)) from None
     return choices
@@ -108,16 +84,44 @@ def served_engine(http: Request, model: str | None) -> Engine:
     return server.engine_thread.require_engine()
 
 
-def submit(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]]) -> Generation:
-    """The request's choices (prompts x n), queued on the engine."""
+async def preprocessed(http: Request, engine: Engine, body: GenerationRequest, n_prompts: int,
+                       work: Callable[[], T]) -> T:
+    """work() (tokenizing, the chat template, the grammar) on the worker pool, once the body is within the
+    operator's limits and the queue has room for its choices: both cheap, so a full server refuses cheaply."""
     server: ServerContext = http.app.state.server
-    return server.engine_thread.submit(_choices(engine, body, prompts), body.priority, server.lora_of(body.model))
+    check_request(body, server.limits, server.grammar, engine.backend.info.n_vocab)
+    server.engine_thread.check_room(n_prompts * body.n)
+    return await server.pool.run(client_of(http), work)
 
 
-async def generate(http: Request, engine: Engine, body: GenerationRequest, prompts: list[list[int]],
+def submit(http: Request, body: GenerationRequest, prepared: Choices) -> Generation:
+    """The request's choices (prompts x n), queued on the engine, and aborted the moment the client goes."""
+    server: ServerContext = http.app.state.server
+    generation = server.engine_thread.submit(prepared, body.priority, server.lora_of(body.model))
+    client_watch(http).on_gone(generation.abort)
+    return generation
+
+
+def event_stream(http: Request, events: AsyncIterator[str], headers: dict[str, str],
+                 generation: Generation) -> EventStream:
+    """A generation's stream, under the operator's limits on a client that stops reading."""
+    server: ServerContext = http.app.state.server
+    return EventStream(events, headers, generation, server.send_timeout_s, server.max_stream_buffer_chars)
+
+
+async def until_finished(generation: Generation) -> None:
+    """Until the generation is over (a non-streamed reply); aborted if this is cancelled or fails."""
+    try:
+        async for _ in generation.events():
+            pass
+    finally:
+        generation.abort()  # a no-op when everything finished
+
+
+async def generate(http: Request, engine: Engine, body: GenerationRequest, prepared: Choices,
                    kind: Kind, echoes: list[str] | None = None) -> Response:
     server: ServerContext = http.app.state.server
-    generation = submit(http, engine, body, prompts)
+    generation = submit(http, body, prepared)
     logprobs = None
     if generation.requests[0].params.logprobs is not None:
         logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(generation.requests),
@@ -128,22 +132,28 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, promp
                       prompt_logprobs, token_bytes=engine.backend.token_bytes, k=body.prompt_logprobs))
     headers = ignored_fields_headers(body)
     if body.stream:
-        return EventStream(_stream(http, reply, body.include_usage), headers)
-    async with aborted_on_disconnect(http, generation):
-        async for _ in generation.events():
-            pass
+        return event_stream(http, _stream(reply, body.include_usage), headers, generation)
+    await until_finished(generation)
     return JSONResponse(reply.full(), headers=headers)
 
 
 @router.post("/v1/completions")
+@cancelled_on_disconnect
 async def completions(body: CompletionRequest, http: Request) -> Response:
     engine = served_engine(http, body.model)
+    work = functools.partial(_completion_choices, engine, body, http.app.state.server.limits)
+    prepared, echoes = await preprocessed(http, engine, body, len(body.prompts()), work)
+    return await generate(http, engine, body, prepared, COMPLETION, echoes)
+
+
+def _completion_choices(engine: Engine, body: CompletionRequest,
+                        limits: RequestLimits) -> tuple[Choices, list[str] | None]:
     prompts = [tokenize(engine, p, "prompt", body.truncate_prompt_tokens) for p in body.prompts()]
     echoes = None
     if body.echo:  # the prompt as sent; token-id or truncated prompts are rendered from their tokens
         echoes = [p if isinstance(p, str) and body.truncate_prompt_tokens is None else detokenize(engine, t)
                   for p, t in zip(body.prompts(), prompts, strict=True)]
-    return await generate(http, engine, body, prompts, COMPLETION, echoes)
+    return build_choices(engine, body, prompts, limits), echoes
 
 
 def detokenize(engine: Engine, tokens: list[int]) -> str:

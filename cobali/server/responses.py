@@ -5,6 +5,7 @@ response.completed)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -14,10 +15,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from cobali.engine.request import FinishReason
-from cobali.server.chat import chat_prompt
+from cobali.server.chat import chat_choices
+from cobali.server.disconnect import cancelled_on_disconnect
 from cobali.server.errors import bad_request
 from cobali.server.generation import Generation, GenerationError
-from cobali.server.openai_routes import EventStream, aborted_on_disconnect, served_engine, submit
+from cobali.server.openai_routes import event_stream, preprocessed, served_engine, submit, until_finished
 from cobali.server.responses_schemas import FunctionChoice, ResponsesRequest
 from cobali.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 from cobali.server.unknown_fields import ignored_fields_headers
@@ -91,58 +93,56 @@ class EventWriter:
         return f"event: {kind}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def _events(http: Request, reply: ResponseObject) -> AsyncIterator[str]:
+async def _events(reply: ResponseObject) -> AsyncIterator[str]:
     event, stream = EventWriter(), ToolCallStream(reply.tool_names)
     text, opened = "", False
     part = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
-    async with aborted_on_disconnect(http, reply.generation):
-        try:
-            yield event("response.created", response=reply.envelope("in_progress", []))
-            yield event("response.in_progress", response=reply.envelope("in_progress", []))
-            async for delta in reply.generation.events():
-                ready = stream.push(delta.text) if reply.tool_names else delta.text
-                calls: list[ParsedCall] = []
-                if delta.finished and reply.tool_names:
-                    rest, calls = stream.finish()
-                    ready += rest
-                if ready and not opened:
-                    opened = True
-                    yield event("response.output_item.added", output_index=0, item=reply.message("", "in_progress"))
-                    yield event("response.content_part.added", **part,
-                                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-                if ready:
-                    text += ready
-                    yield event("response.output_text.delta", **part, delta=ready, logprobs=[])
-            if opened:
-                yield event("response.output_text.done", **part, text=text, logprobs=[])
-                yield event("response.content_part.done", **part, part=reply.message(text)["content"][0])
-                yield event("response.output_item.done", output_index=0, item=reply.message(text))
-            for index, call in enumerate(calls, start=int(opened)):
-                item = reply.function_call(call)
-                yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
-                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                            arguments=call.arguments, name=call.name)
-                yield event("response.output_item.done", output_index=index, item=item)
-            yield event("response.completed", response=reply.envelope("completed", reply.output(text, calls)))
-        except GenerationError as err:  # headers are sent: report in-band
-            error = err.api_error()
-            yield event("error", code=error.code, message=error.message, param=None)
+    try:
+        yield event("response.created", response=reply.envelope("in_progress", []))
+        yield event("response.in_progress", response=reply.envelope("in_progress", []))
+        async for delta in reply.generation.events():
+            ready = stream.push(delta.text) if reply.tool_names else delta.text
+            calls: list[ParsedCall] = []
+            if delta.finished and reply.tool_names:
+                rest, calls = stream.finish()
+                ready += rest
+            if ready and not opened:
+                opened = True
+                yield event("response.output_item.added", output_index=0, item=reply.message("", "in_progress"))
+                yield event("response.content_part.added", **part,
+                            part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+            if ready:
+                text += ready
+                yield event("response.output_text.delta", **part, delta=ready, logprobs=[])
+        if opened:
+            yield event("response.output_text.done", **part, text=text, logprobs=[])
+            yield event("response.content_part.done", **part, part=reply.message(text)["content"][0])
+            yield event("response.output_item.done", output_index=0, item=reply.message(text))
+        for index, call in enumerate(calls, start=int(opened)):
+            item = reply.function_call(call)
+            yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
+            yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                        arguments=call.arguments, name=call.name)
+            yield event("response.output_item.done", output_index=index, item=item)
+        yield event("response.completed", response=reply.envelope("completed", reply.output(text, calls)))
+    except GenerationError as err:  # headers are sent: report in-band
+        error = err.api_error()
+        yield event("error", code=error.code, message=error.message, param=None)
 
 
 @router.post("/v1/responses")
+@cancelled_on_disconnect
 async def responses(body: ResponsesRequest, http: Request) -> Response:
     engine = served_engine(http, body.model)
     try:
         chat = body.as_chat()
     except ValueError as err:
         raise bad_request(str(err)) from None
-    prompt = chat_prompt(http, engine, chat)
-    generation = submit(http, engine, chat, [prompt])
-    reply = ResponseObject(body, http.app.state.server.model_id(body.model), generation, len(prompt))
+    prepared = await preprocessed(http, engine, chat, 1, functools.partial(chat_choices, http, engine, chat))
+    generation = submit(http, chat, prepared)
+    reply = ResponseObject(body, http.app.state.server.model_id(body.model), generation, len(prepared[0][0]))
     headers = ignored_fields_headers(body)
     if body.stream:
-        return EventStream(_events(http, reply), headers)
-    async with aborted_on_disconnect(http, generation):
-        async for _ in generation.events():
-            pass
+        return event_stream(http, _events(reply), headers, generation)
+    await until_finished(generation)
     return JSONResponse(reply.final(), headers=headers)

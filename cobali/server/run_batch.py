@@ -26,6 +26,7 @@ from fastapi import FastAPI
 
 from cobali.config import EngineSpec
 from cobali.jsonl import ResultsFile
+from cobali.server.bodies import unencodable_text
 from cobali.server.config import ServerConfig
 from cobali.server.engine_thread import EngineState, EngineThread
 from cobali.server.serve import build_app
@@ -64,6 +65,8 @@ def _batch_line(text: str, where: str) -> BatchLine:
         raise ValueError(f"{where}: not JSON ({err})") from None
     if not isinstance(entry, dict) or not isinstance(entry.get("custom_id"), str) or not entry["custom_id"]:
         raise ValueError(f"{where}: expected an object with a non-empty string 'custom_id'")
+    if unencodable_text(entry["custom_id"]) is not None:  # it is written back out, as UTF-8
+        raise ValueError(f"{where}: custom_id must be valid Unicode (a lone surrogate cannot be encoded as UTF-8)")
     if entry.get("method", "POST") != "POST":
         raise ValueError(f"{where}: method {entry['method']!r}: only POST")
     if entry.get("url") not in URLS:
@@ -87,7 +90,10 @@ async def run_batch(app: FastAPI, lines: list[BatchLine], out: IO[str], concurre
 
             async def worker() -> None:
                 for line in todo:  # shared: each line goes to the first worker free
-                    response = await client.post(line.url, json=line.body)
+                    # As a client sends it: escaped, so text the body's checks refuse (a lone surrogate) is the
+                    # line's 400, not a crash of the batch while encoding it.
+                    response = await client.post(line.url, content=json.dumps(line.body),
+                                                 headers={"content-type": "application/json"})
                     out.write(json.dumps(output_record(line, response), ensure_ascii=False) + "\n")
                     out.flush()
                     if on_done is not None:

@@ -13,17 +13,16 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from cobali.backends.base import MAX_LOGPROBS, SamplingParams
+from cobali.backends.base import SamplingParams
 from cobali.server.bodies import Body, one_of, text_batch
-from cobali.server.grammar import check_json_schema
-from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
-from cobali.server.structured import StructuredRequest
+from cobali.server.structured import StructuredRequest, schema_grammar
+from cobali.structured.grammars import JSON_OBJECT_GRAMMAR
 
-# Choices per HTTP request (prompts x n): each is an engine request holding a slot, and one client should
-# not be able to fill the whole queue.
-MAX_CHOICES = 16
-MAX_STOP_STRINGS = 16
+# How many choices, logprobs, stop strings, ... a request may ask for is the operator's (request_limits.py): the
+# routes check it, since a body's validation cannot see the server's flags.
 C_INT_MAX = 2**31 - 1  # top_k reaches llama.cpp as a C int: a larger value would crash the engine thread
+MAX_PRIORITY = 1000  # `priority` in [-MAX_PRIORITY, MAX_PRIORITY] (README): vLLM documents no range
+MAX_CACHE_SALT = 256  # characters: a salt names a tenant, it is no place for data
 
 
 @dataclass(frozen=True)
@@ -56,17 +55,12 @@ class ResponseFormat(Body):
             raise ValueError("json_schema is required when type is 'json_schema'")
         return self
 
-    @model_validator(mode="after")
-    def _schema_valid(self) -> ResponseFormat:
-        if self.json_schema is not None:
-            check_json_schema(self.json_schema.json_schema)
-        return self
-
     def grammar(self) -> str | None:
+        """Built (and the schema checked) on the server's workers, not while the body is read."""
         if self.type == "json_object":
             return JSON_OBJECT_GRAMMAR
         if self.type == "json_schema" and self.json_schema is not None:
-            return json_schema_grammar(self.json_schema.json_schema)
+            return schema_grammar(self.json_schema.json_schema, "response_format.json_schema.schema")
         return None
 
 
@@ -87,14 +81,15 @@ class GenerationRequest(StructuredRequest):
     repetition_penalty: float = Field(default=1.0, gt=0, le=100)
     seed: int | None = Field(default=None, ge=0, lt=2**32)
     stop: Annotated[str | list[str] | None, one_of("a string or a list of strings")] = None
-    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    n: int = Field(default=1, ge=1)
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)  # vLLM's extras
-    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # vLLM: each prompt token's, top k
+    prompt_logprobs: int | None = Field(default=None, ge=0)  # vLLM: each prompt token's, top k
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # the last k prompt tokens (-1: all that fit)
-    priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # lower runs first with `serve --queue priority`
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)  # lower runs first (--queue priority)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT)  # vLLM's: see SamplingParams
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
@@ -115,9 +110,8 @@ class GenerationRequest(StructuredRequest):
         for key in self.logit_bias or {}:
             if not key.isdecimal():
                 raise ValueError(f"logit_bias keys must be token ids (decimal integers), got {key!r}")
-        stops = self.stop_strings()
-        if len(stops) > MAX_STOP_STRINGS or not all(stops):
-            raise ValueError(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings")
+        if not all(self.stop_strings()):
+            raise ValueError("stop must be non-empty strings")
         return self
 
     def stop_strings(self) -> tuple[str, ...]:
@@ -157,7 +151,7 @@ class GenerationRequest(StructuredRequest):
             grammar=self.sampling_grammar(),
             logprobs=self.logprob_count(), prompt_logprobs=self.prompt_logprob_count(),
             logit_bias=self.token_biases(limits.n_vocab), stop_token_ids=self.stop_tokens(limits.n_vocab),
-            min_tokens=self.min_tokens, include_stop_str=self.include_stop_str_in_output,
+            min_tokens=self.min_tokens, include_stop_str=self.include_stop_str_in_output, cache_salt=self.cache_salt,
         )
 
     def sampling_grammar(self) -> str | None:
@@ -189,7 +183,7 @@ class CompletionRequest(GenerationRequest):
 
     prompt: Annotated[str | list[str] | list[int] | list[list[int]],
                       one_of("a string, a list of strings, token ids, or a list of token id lists")]
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -201,8 +195,6 @@ class CompletionRequest(GenerationRequest):
             raise ValueError("prompt must not be empty")
         if self.best_of not in (None, self.n):
             raise ValueError("best_of is not supported by this server (other than best_of = n)")
-        if n_prompts * self.n > MAX_CHOICES:
-            raise ValueError(f"prompts x n must be at most {MAX_CHOICES}, got {n_prompts} x {self.n}")
         return self
 
     def logprob_count(self) -> int | None:

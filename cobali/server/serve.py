@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from collections.abc import Callable
@@ -46,8 +47,12 @@ def build_app(spec: EngineSpec, server: ServerConfig) -> FastAPI:
         JinjaChatTemplate(server.chat_template)  # a template that does not compile fails here, not per request
     if model_name in (names := tuple(name for name, _ in server.lora_modules)):
         raise ValueError(f"--lora-modules: {model_name!r} is the base model's name")
+    # The --grammar-* flags are the server's; the engine's compiler holds every constraint to them.
+    spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, grammar_limits=server.grammar))
     return create_app(spec.build_engine, model_name, server.max_queue, server.api_key, server.max_body_bytes,
-                      server.chat_template, server.stream_interval, names, server.runtime_lora)
+                      server.chat_template, server.stream_interval, names, server.runtime_lora,
+                      server.send_timeout_s, server.max_stream_buffer_chars, server.limits, server.grammar,
+                      server.preprocess)
 
 
 def serve(spec: EngineSpec, settings: ServerConfig) -> int:

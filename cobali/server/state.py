@@ -6,9 +6,13 @@ import asyncio
 import functools
 from dataclasses import dataclass, field
 
+from cobali.server.config import DEFAULT_MAX_STREAM_BUFFER_CHARS, DEFAULT_SEND_TIMEOUT_S
 from cobali.server.engine_thread import EngineThread
 from cobali.server.errors import unknown_model
 from cobali.server.metrics import ServerMetrics
+from cobali.server.request_limits import PreprocessLimits, RequestLimits
+from cobali.server.work_pool import WorkPool
+from cobali.structured.limits import GrammarLimits
 
 
 class LoraNames:
@@ -48,6 +52,11 @@ class ServerContext:
     chat_template: str | None = None  # --chat-template: Jinja text used instead of the model's own
     embedding_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one embeddings call at a time
     loras: LoraNames = field(default_factory=LoraNames)
+    limits: RequestLimits = field(default_factory=RequestLimits)  # what one request may ask
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # what one constraint may cost
+    pool: WorkPool = field(default_factory=lambda: WorkPool(PreprocessLimits()))  # tokenizing, templates, grammars
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S  # a stream whose client reads nothing that long is dropped
+    max_stream_buffer_chars: int = DEFAULT_MAX_STREAM_BUFFER_CHARS  # text a stream may fall behind by
 
     def serves(self, model: str | None) -> bool:
         """A request may name the base model, one of its adapters, or none."""

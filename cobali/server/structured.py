@@ -4,9 +4,10 @@
   top-level extras `guided_choice`, `guided_json`, `guided_regex`, `guided_grammar`;
 - llama-server: top-level `grammar` (GBNF) and `json_schema`.
 
-Each becomes a llama.cpp GBNF grammar for the request's sampler chain. At most one may be given: two would
-constrain the output in ways the client cannot have meant together. A regex the grammar cannot express
-(regex_grammar.py: lookarounds, backreferences, ...) is a 400 naming it, never an output it does not hold.
+Each becomes an llguidance grammar (cobali.structured.grammars), compiled under the operator's limits before the
+request is queued: whatever llguidance cannot hold exactly (an unknown schema keyword, a lookaround in a regex)
+is a 400 naming it, never an output that breaks the constraint. At most one may be given: two would constrain
+the output in ways the client cannot have meant together.
 """
 
 from __future__ import annotations
@@ -15,21 +16,46 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import jsonschema
 from pydantic import Field, model_validator
 
 from cobali.server.bodies import Body, RequestBody
-from cobali.server.gbnf import gbnf_literal
-from cobali.server.grammar import check_json_schema
-from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
-from cobali.server.regex_grammar import regex_grammar
+from cobali.structured.grammars import (
+    JSON_OBJECT_GRAMMAR,
+    choice_grammar,
+    gbnf_grammar,
+    json_schema_grammar,
+    regex_grammar,
+)
 
-MAX_CHOICES = 256  # alternatives of a choice; each is one literal of the grammar
+# jsonschema's metaschema check recurses once per level: deeper schemas are a 400, not a RecursionError.
+MAX_SCHEMA_DEPTH = 64
 
 
-def choice_grammar(choices: list[str], name: str) -> str:
-    if not choices or len(choices) > MAX_CHOICES or not all(choices):
-        raise ValueError(f"{name} must be 1 to {MAX_CHOICES} non-empty strings")
-    return "root ::= " + " | ".join(gbnf_literal(c) for c in choices)
+def check_json_schema(schema: Any, name: str = "the schema") -> None:
+    """A schema that is not valid JSON Schema (draft 2020-12) is the client's bug: ValueError naming it."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise ValueError(f"{name} must be a JSON object or a boolean")
+    if _nesting(schema) > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"{name} nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as err:
+        where = "/".join(str(part) for part in err.path) or "the top level"
+        raise ValueError(f"invalid JSON schema ({name}) at {where}: {err.message}") from None
+
+
+def _nesting(value: Any) -> int:
+    """How deep JSON containers nest, without recursing."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def schema_grammar(schema: Any, name: str) -> str:
@@ -39,21 +65,8 @@ def schema_grammar(schema: Any, name: str) -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as err:
             raise ValueError(f"{name} is not valid JSON: {err}") from None
-    check_json_schema(schema)
+    check_json_schema(schema, name)
     return json_schema_grammar(schema)
-
-
-def raw_grammar(grammar: str, name: str) -> str:
-    if not grammar.strip():
-        raise ValueError(f"{name} is empty")
-    return grammar  # compiled by llama.cpp when the request is checked: a bad one is a 400 then
-
-
-def pattern_grammar(pattern: str, name: str) -> str:
-    try:
-        return regex_grammar(pattern)
-    except ValueError as err:
-        raise ValueError(f"{name}: {err}") from None
 
 
 class StructuredOutputs(Body):
@@ -79,9 +92,9 @@ class StructuredOutputs(Body):
         if self.json_schema is not None:
             return schema_grammar(self.json_schema, "structured_outputs.json")
         if self.grammar is not None:
-            return raw_grammar(self.grammar, "structured_outputs.grammar")
+            return gbnf_grammar(self.grammar, "structured_outputs.grammar")
         if self.regex is not None:
-            return pattern_grammar(self.regex, "structured_outputs.regex")
+            return regex_grammar(self.regex)
         return JSON_OBJECT_GRAMMAR
 
 
@@ -112,8 +125,8 @@ _GRAMMARS: dict[str, Callable[[Any, str], str]] = {
     "structured_outputs": lambda value, _name: value.to_grammar(),
     "guided_choice": choice_grammar,
     "guided_json": schema_grammar,
-    "guided_grammar": raw_grammar,
-    "guided_regex": pattern_grammar,
-    "grammar": raw_grammar,
+    "guided_grammar": gbnf_grammar,
+    "guided_regex": lambda value, _name: regex_grammar(value),
+    "grammar": gbnf_grammar,
     "json_schema": schema_grammar,
 }

@@ -7,18 +7,23 @@ chat template exactly as /v1/chat/completions sends them.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
+from cobali.engine.engine import Engine
 from cobali.server.bodies import RequestBody
 from cobali.server.chat import chat_prompt_text
 from cobali.server.chat_schemas import ChatMessage, Tool
 from cobali.server.errors import bad_request
 from cobali.server.openai_routes import detokenize, served_engine
+from cobali.server.request_limits import check_tools
+from cobali.server.state import ServerContext
 from cobali.server.unknown_fields import ignored_fields_headers
+from cobali.server.work_pool import client_of
 
 router = APIRouter()
 
@@ -27,7 +32,7 @@ class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
-    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tools: list[Tool] | None = None  # at most --max-tools
     # The chat route always ends the prompt where the reply starts; a count of anything else would mislead.
     add_generation_prompt: Literal[True] = True
     add_special_tokens: bool = True  # as both generation routes tokenize (a template's own BOS is not doubled)
@@ -50,6 +55,14 @@ class DetokenizeRequest(RequestBody):
 @router.post("/tokenize")
 async def tokenize_route(body: TokenizeRequest, http: Request) -> JSONResponse:
     engine = served_engine(http, body.model)
+    server: ServerContext = http.app.state.server
+    check_tools(body.tools, server.limits)
+    reply = await server.pool.run(client_of(http), functools.partial(_tokenized, http, engine, body))
+    return JSONResponse(reply, headers=ignored_fields_headers(body))
+
+
+def _tokenized(http: Request, engine: Engine, body: TokenizeRequest) -> dict:
+    """On the worker pool: the template, the tokens and their texts."""
     if body.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in body.tools or ()] or None
         text = chat_prompt_text(http, engine, [m.as_template_input() for m in body.messages], tools)
@@ -60,8 +73,8 @@ async def tokenize_route(body: TokenizeRequest, http: Request) -> JSONResponse:
     strs = None
     if body.return_token_strs:
         strs = [engine.backend.token_bytes(t).decode("utf-8", errors="replace") for t in tokens]
-    return JSONResponse({"count": len(tokens), "max_model_len": engine.slots.accountant.seq_limit,
-                         "tokens": tokens, "token_strs": strs}, headers=ignored_fields_headers(body))
+    return {"count": len(tokens), "max_model_len": engine.slots.accountant.seq_limit, "tokens": tokens,
+            "token_strs": strs}
 
 
 @router.post("/detokenize")
@@ -70,4 +83,6 @@ async def detokenize_route(body: DetokenizeRequest, http: Request) -> JSONRespon
     n_vocab = engine.backend.info.n_vocab
     if any(not 0 <= t < n_vocab for t in body.tokens):
         raise bad_request(f"token ids must be in [0, {n_vocab})", "tokens")
-    return JSONResponse({"prompt": detokenize(engine, body.tokens)}, headers=ignored_fields_headers(body))
+    server: ServerContext = http.app.state.server
+    text = await server.pool.run(client_of(http), functools.partial(detokenize, engine, body.tokens))
+    return JSONResponse({"prompt": text}, headers=ignored_fields_headers(body))

@@ -285,4 +285,4 @@ def test_logprobs_are_the_model_distribution_and_sorted() -> None:
     (plain,) = make_engine().generate(["logprob me"], SamplingParams(max_tokens=4, ignore_eos=True))
     assert plain.logprobs == [] and plain.output_tokens == r.output_tokens
     with pytest.raises(ValueError, match="logprobs"):
-        SamplingParams(logprobs=21)
+        SamplingParams(logprobs=-1)

@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # values and files the faces share: timings, work items, cost profiles, resumable JSONL outputs
     ("metrics", "workloads", "costs", "jsonl", "__init__"),
     ("engine",),
+    ("structured",),  # constraints on llguidance: grammars, their compiler, the masks sampling applies
     ("backends",),
 )
 RANK = {part: len(LAYERS) - i for i, layer in enumerate(LAYERS) for part in layer}

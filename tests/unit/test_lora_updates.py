@@ -75,7 +75,7 @@ def test_failed_loads_use_up_no_adapter_index(adapter_file: str) -> None:
 
 
 def test_the_last_adapter_index_serves_and_one_more_is_refused(adapter_file: str) -> None:
-    """The prefix cache keys an adapter's tokens in int32 arrays: the last index still fits them, the next load
+    """The prefix cache keys an adapter's tokens in 32 bits: the last index still fits them, the next load
     is refused (a ValueError: a 400) instead of overflowing them on the engine's thread."""
     e = engine()
     e.backend._next_lora = MAX_ADAPTER_INDEX
@@ -151,10 +151,11 @@ def test_the_routes_load_and_unload_as_vllm_answers(api: TestClient, adapter_fil
 @pytest.mark.parametrize("route, body, status, message", [
     ("load", {"lora_name": "first", "lora_path": "README.md"}, 400, "'first' has already been loaded"),
     ("load", {"lora_name": "base", "lora_path": "README.md"}, 400, "'base' has already been loaded"),
-    ("load", {"lora_name": "new", "lora_path": "/no/such.gguf"}, 404,
-     "Loading lora new failed: No adapter found for /no/such.gguf"),  # vLLM's NotFoundError
+    # Unlike vLLM's 404 for a missing file: one answer, whether the path exists or not.
+    ("load", {"lora_name": "new", "lora_path": "/no/such.gguf"}, 400,
+     "Loading lora new failed: /no/such.gguf is not a LoRA adapter this server can load"),
     ("load", {"lora_name": "new", "lora_path": "README.md"}, 400,
-     "Loading lora new failed: could not load a LoRA adapter for this model from README.md"),
+     "Loading lora new failed: README.md is not a LoRA adapter this server can load"),
     ("load", {"lora_name": "", "lora_path": "README.md"}, 400, "lora_name"),
     ("load", {"lora_name": "new"}, 400, "lora_path"),
     ("unload", {"lora_name": "never"}, 404, "'never' cannot be found"),
@@ -249,7 +250,8 @@ def test_a_model_unloaded_while_its_request_was_read_is_a_404_not_the_base_model
     assert error.value.status == 404
 
 
-@pytest.mark.parametrize("ending, message", [("crash", "boom"), ("stop", "shutting down")])
+@pytest.mark.parametrize("ending, message", [("crash", "the engine failed; see the server log"),
+                                             ("stop", "shutting down")])
 def test_calls_waiting_for_the_engine_thread_end_with_it(ending: str, message: str) -> None:
     """A load or unload queued when the engine thread dies or stops is answered (503), never left waiting."""
     thread = EngineThread(lambda: Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2)))

@@ -1,5 +1,6 @@
-"""vLLM's and llama-server's spellings of structured outputs become one GBNF grammar (llama.cpp parses and
-enforces them in tests/integration/test_server_openai.py); conflicting or unsupported ones are a 400."""
+"""vLLM's and llama-server's spellings of structured outputs become one llguidance grammar (which texts each
+allows: tests/unit/test_structured_constraints.py; what the model writes under them:
+tests/integration/test_structured_grammars_real.py); conflicting or unsupported ones are a 400."""
 
 from __future__ import annotations
 
@@ -9,25 +10,23 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cobali.server.app import create_app
-from cobali.server.gbnf import gbnf_literal
-from cobali.server.json_schema_grammar import JSON_OBJECT_GRAMMAR, json_schema_grammar
-from cobali.server.regex_grammar import regex_grammar
 from cobali.server.schemas import CompletionRequest, ModelLimits
-from cobali.server.structured import choice_grammar
+from cobali.structured.grammars import (
+    JSON_OBJECT_GRAMMAR,
+    choice_grammar,
+    gbnf_grammar,
+    json_schema_grammar,
+    regex_grammar,
+)
 from tests.unit.test_server_api import N_CTX_SEQ, fake_engine, wait_healthy
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+GBNF = 'root ::= "a"'
 
 
 def grammar_of(**fields) -> str | None:
     body = CompletionRequest.model_validate({"prompt": "x", **fields})
     return body.sampling_params(1, ModelLimits(256, 96), 0).grammar
-
-
-def test_literals_escape_what_gbnf_would_read_otherwise() -> None:
-    assert gbnf_literal('say "hi"\\') == r'"say \"hi\"\\"'
-    assert gbnf_literal("a\nb\té😀") == r'"a\x0Ab\x09\xE9\U0001F600"'
-    assert choice_grammar(["yes", "no"], "choice") == 'root ::= "yes" | "no"'
 
 
 @pytest.mark.parametrize("fields, expected", [
@@ -36,14 +35,17 @@ def test_literals_escape_what_gbnf_would_read_otherwise() -> None:
     ({"guided_json": SCHEMA}, json_schema_grammar(SCHEMA)),
     ({"guided_json": '{"type": "object", "properties": {"ok": {"type": "boolean"}}}'}, json_schema_grammar(SCHEMA)),
     ({"structured_outputs": {"json": SCHEMA}}, json_schema_grammar(SCHEMA)),
+    ({"structured_outputs": {"json": True}}, json_schema_grammar(True)),
     ({"structured_outputs": {"json_object": True}}, JSON_OBJECT_GRAMMAR),
     ({"json_schema": SCHEMA}, json_schema_grammar(SCHEMA)),
-    ({"guided_grammar": 'root ::= "a"'}, 'root ::= "a"'),
-    ({"structured_outputs": {"grammar": 'root ::= "a"'}}, 'root ::= "a"'),
-    ({"grammar": 'root ::= "a"'}, 'root ::= "a"'),
+    ({"guided_grammar": GBNF}, gbnf_grammar(GBNF, "guided_grammar")),
+    ({"structured_outputs": {"grammar": GBNF}}, gbnf_grammar(GBNF, "grammar")),
+    ({"grammar": GBNF}, gbnf_grammar(GBNF, "grammar")),
     ({"guided_regex": "[0-9]+"}, regex_grammar("[0-9]+")),
     ({"structured_outputs": {"regex": "[0-9]+"}}, regex_grammar("[0-9]+")),
     ({"response_format": {"type": "json_object"}}, JSON_OBJECT_GRAMMAR),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}},
+     json_schema_grammar(SCHEMA)),
     ({}, None),
 ])
 def test_every_spelling_becomes_its_grammar(fields: dict, expected: str | None) -> None:
@@ -59,20 +61,29 @@ def api() -> Iterator[TestClient]:
 
 @pytest.mark.parametrize("fields, message", [
     ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice and response_format"),
-    ({"grammar": 'root ::= "a"', "guided_json": SCHEMA}, "grammar and guided_json"),
-    ({"structured_outputs": {"choice": ["a"], "grammar": 'root ::= "a"'}}, "exactly one of"),
+    ({"grammar": GBNF, "guided_json": SCHEMA}, "grammar and guided_json"),
+    ({"structured_outputs": {"choice": ["a"], "grammar": GBNF}}, "exactly one of"),
     ({"structured_outputs": {}}, "exactly one of"),
-    ({"structured_outputs": {"regex": "(?=a)b"}}, "structured_outputs.regex: regex '(?=a)b': lookahead"),
-    ({"guided_regex": r"(a)\1"}, "guided_regex: regex '(a)\\\\1': backreference"),
-    ({"guided_regex": "a{3,2}"}, "repeat 3 exceeds its maximum 2"),
+    ({"structured_outputs": {"regex": "(?=a)b"}}, "look-around"),
+    ({"guided_regex": r"(a)\1"}, "backreferences are not supported"),
+    ({"guided_regex": "a{3,2}"}, "invalid repetition"),
     ({"guided_choice": []}, "guided_choice must be 1 to 256 non-empty strings"),
     ({"guided_choice": ["a", ""]}, "guided_choice must be 1 to 256 non-empty strings"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice must be 1 to 256 non-empty strings"),
     ({"guided_json": "{not json"}, "guided_json is not valid JSON"),
     ({"json_schema": {"type": "nope"}}, "invalid JSON schema"),
+    ({"json_schema": {"type": "array", "uniqueItems": True}}, "uniqueItems"),  # llguidance cannot hold it
+    ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 4}}, "minimum"),
+    ({"guided_json": {"$ref": "#"}}, "allows no output"),
+    ({"guided_json": False}, "allows no output"),
     ({"grammar": "  "}, "grammar is empty"),
+    ({"grammar": 'root ::= "a" ('}, "grammar is not a valid GBNF or Lark grammar"),
+    ({"guided_grammar": "root ::= missing"}, "guided_grammar is not a valid GBNF"),
+    ({"grammar": 'start: X\nX: /a/ & /b/'}, "allows no output"),  # checked before the request is queued
     ({"guided_choice": "yes"}, "guided_choice"),
-])
+    ({"guided_choice": ["a"], "ignore_eos": True}, "ignore_eos cannot be combined with a grammar"),
+    ({"guided_regex": "a", "min_tokens": 1}, "min_tokens cannot be combined with a grammar"),
+], ids=str)
 def test_conflicting_or_unsupported_constraints_are_a_400(api: TestClient, fields: dict, message: str) -> None:
     response = api.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, **fields})
     assert response.status_code == 400, response.text

@@ -8,6 +8,8 @@ import os
 
 import llama_cpp as ll
 import numpy as np
+from llguidance import LLTokenizer
+from llguidance.llamacpp import lltokenizer_from_vocab
 
 from cobali.backends.base import BackendInfo, BatchArrays, EmbeddingLimits, SamplingParams, TemplateSource
 from cobali.backends.embedded_model import embedded_model_path
@@ -15,7 +17,7 @@ from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
 from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
 from cobali.backends.llama_cpp.embedder import EMBEDDING_CTX, EMBEDDING_SEQS, Embedder
 from cobali.backends.llama_cpp.kv_size import kv_bytes_per_token
-from cobali.backends.llama_cpp.sampler import Candidates, LlamaCppSampler
+from cobali.backends.llama_cpp.sampler import LlamaCppSampler
 from cobali.backends.llama_cpp.tools import silence_logs
 from cobali.backends.llama_cpp_config import PREFILL_TILE, LlamaCppConfig
 
@@ -57,8 +59,6 @@ class LlamaCppBackend:
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
         self._last_logits = np.zeros((0, n_vocab), dtype=np.float32)  # the last decode's output rows
         self._embedder: Embedder | None = None
-        # Made here, not on a first grammar: the server's threads make samplers too (to compile a grammar).
-        self._candidates = Candidates(n_vocab)
 
     @staticmethod
     def _load_model(model_path: str, options: LlamaCppConfig):
@@ -122,10 +122,6 @@ class LlamaCppBackend:
                 self._logits_views.clear()
             view = self._logits_views[key] = np.ctypeslib.as_array(pointer, shape=(n_out, self.info.n_vocab))
         return view
-
-    def _logits_row(self, row: int) -> np.ndarray:
-        """Batch row `row`'s logits in the last decode (a row that asked for them: the outputs are in batch order)."""
-        return self._last_logits[np.count_nonzero(self._batch.arrays.want_logits[:row])]
 
     def argmax(self, logits: np.ndarray) -> np.ndarray:
         if self.device_greedy is not None:
@@ -255,9 +251,12 @@ class LlamaCppBackend:
     # ---- sampling ---------------------------------------------------------------------------------
 
     def new_sampler(self, params: SamplingParams) -> LlamaCppSampler:
-        # Only the engine's thread samples (the server's threads make samplers just to compile a grammar, and close
-        # them unused): one candidates buffer serves every sampler.
-        return LlamaCppSampler(self.ctx, self.vocab, params, self._candidates, self._logits_row)
+        return LlamaCppSampler(self.ctx, self.vocab, params)
+
+    def guidance_tokenizer(self) -> LLTokenizer:
+        """Every end-of-generation token ends a constrained output, as it ends any other."""
+        return lltokenizer_from_vocab(self.vocab, n_vocab=self.info.n_vocab,
+                                      eos_token=np.flatnonzero(self.eog_mask()).tolist())
 
     def close(self) -> None:
         if self._embedder is not None:

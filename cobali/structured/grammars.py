@@ -1,0 +1,79 @@
+"""Each kind of constraint a request may name, as an llguidance grammar (the JSON text LLMatcher compiles).
+
+Nothing here compiles: llguidance checks a grammar when it is compiled (compiler.py), under the operator's
+limits. What is checked here is what the builders themselves would otherwise trip on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llguidance import LLMatcher
+from llguidance.gbnf_to_lark import any_to_lark
+
+# JSON as a model should write it: one space after ':' and ',', no free whitespace. Free whitespace lets a small
+# model write newlines until max_tokens runs out, with every token allowed.
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+MAX_CHOICES = 256  # alternatives of a choice
+
+
+def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
+    """A JSON Schema's grammar: every keyword llguidance implements is held exactly; a keyword it does not
+    implement fails the compile (llguidance is strict by default), so the client gets a 400, never an output
+    that breaks its schema."""
+    if schema is False:
+        raise ValueError("the schema is `false`: it allows no output")
+    return LLMatcher.grammar_from_json_schema({} if schema is True else schema, defaults=JSON_OPTIONS)
+
+
+JSON_OBJECT_GRAMMAR = json_schema_grammar({"type": "object"})
+
+
+def regex_grammar(pattern: str) -> str:
+    """A regular expression's grammar (Rust's `regex` syntax: no lookarounds or backreferences, which
+    llguidance refuses at compile time); the output must match it whole."""
+    return LLMatcher.grammar_from_regex(pattern)
+
+
+def choice_grammar(choices: list[str], name: str) -> str:
+    """Exactly one of `choices`."""
+    if not choices or len(choices) > MAX_CHOICES or not all(choices):
+        raise ValueError(f"{name} must be 1 to {MAX_CHOICES} non-empty strings")
+    return LLMatcher.grammar_from_lark("start: " + " | ".join(_lark_literal(c) for c in choices))
+
+
+def gbnf_grammar(text: str, name: str) -> str:
+    """A llama.cpp GBNF (or Lark) grammar, read by llguidance's converter, never by llama.cpp's parser. The
+    converter recurses once per nested group: a deep one is a 400 here, not the process's stack."""
+    if not text.strip():
+        raise ValueError(f"{name} is empty")
+    try:
+        return LLMatcher.grammar_from_lark(any_to_lark(text))
+    except RecursionError:
+        raise ValueError(f"{name} nests too deeply") from None
+    except Exception as err:  # the converter's own parse errors: any of several exception types
+        raise ValueError(f"{name} is not a valid GBNF or Lark grammar: {err}") from None
+
+
+# A forced call is written the Hermes way; the parser also reads the other formats a model may use unforced.
+MAX_PARALLEL_CALLS = 8
+
+
+def tool_call_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """One `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (up to MAX_PARALLEL_CALLS with `parallel`)
+    naming one of `functions` (name, parameters schema), its arguments following the schema."""
+    calls, rules = [], []
+    for i, (name, parameters) in enumerate(functions):
+        schema = parameters if parameters is not None else {"type": "object"}
+        head = _lark_literal(f'{{"name": {json.dumps(name)}, "arguments": ')
+        calls.append(f"{head} args{i} \"}}\"")
+        rules.append(f"args{i}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")
+    call = f'"<tool_call>\\n" ({" | ".join(calls)}) "\\n</tool_call>"'
+    repeat = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
+    return LLMatcher.grammar_from_lark("\n".join([f"start: call{repeat}", f"call: {call}", *rules]))
+
+
+def _lark_literal(text: str) -> str:
+    """A Lark string literal: JSON's quoting, which llguidance's Lark reads."""
+    return json.dumps(text)
