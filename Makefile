@@ -1,5 +1,6 @@
 # The two commands: `make demo` (a mode comparison on the embedded model) and `make test`.
-# Both create .venv/ and install everything first, building llama-cpp-python if no cached wheel exists.
+# Both create .venv/ and install everything first (cobali with its dev, ray and plot extras), building
+# llama-cpp-python if no cached wheel exists. A server alone needs none of the extras: `pip install .`.
 VENV := .venv
 STAMP := $(VENV)/.installed
 

@@ -242,6 +242,10 @@ def main() -> None:
           f"(refused {summary['refused_400']}, truncated {summary['truncated']}, "
           f"invalid though not truncated {summary['invalid_untruncated']}, other errors {summary['other_errors']}) "
           f"in {elapsed:.0f} s")
+    # The grammar's own share: a reply cut by max_tokens says more about the model (a runaway string) than the
+    # constraint, so the valid share of the replies that ended is printed beside it.
+    complete = summary["ok_200"] - summary["truncated"]
+    print(f"valid / complete replies: {summary['valid']}/{complete}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"command": shlex.join(sys.argv), "url": args.url,

@@ -1,6 +1,6 @@
 """Structured outputs against other OpenAI-compatible servers: the same chat requests, all at once,
 unconstrained, under a JSON schema (`response_format`: each server builds its own grammar), and under one GBNF
-grammar (`grammar`, llama-server's field, the schema's grammar as cobali builds it: the same constraint on both),
+grammar (`grammar`, llama-server's field: FILM_GBNF, the schema written by hand, so the same constraint on both),
 each server in turn, several rounds.
 
     # one server up at a time, each on the same threads and slots, e.g.:
@@ -22,14 +22,19 @@ import time
 import httpx
 import jsonschema
 
-from cobali.server.json_schema_grammar import json_schema_grammar
-
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}, "year": {"type": "integer"},
                                            "genres": {"type": "array", "items": {"type": "string"}}},
           "required": ["title", "year", "genres"], "additionalProperties": False}
+# SCHEMA's objects as GBNF, written as cobali writes JSON (the keys in order, one space after ':' and ','), in the
+# syntax both llama.cpp and llguidance's converter read (no \u escapes: the converter misreads them).
+FILM_GBNF = r"""root ::= "{\"title\": " string ", \"year\": " integer ", \"genres\": [" genres "]}"
+genres ::= ( string ( ", " string )* )?
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\""
+integer ::= "-"? ( "0" | [1-9] [0-9]{0,15} )
+"""
 CONSTRAINTS = {"none": {}, "json_schema": {"response_format": {"type": "json_schema",
                                                                  "json_schema": {"name": "film", "schema": SCHEMA}}},
-               "grammar": {"grammar": json_schema_grammar(SCHEMA)}}
+               "grammar": {"grammar": FILM_GBNF}}
 
 
 async def one(client: httpx.AsyncClient, url: str, seed: int, constraint: dict, args: argparse.Namespace

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import sys
 
-from cobali import __version__, calibrate, run, synth, synth_lora
+from cobali import __version__, calibrate, run, settings, synth, synth_lora
 from cobali.batch import cli as batch_cli
 from cobali.bench import cli as bench_cli
 from cobali.options import engine_spec
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_batch.set_defaults(func=run_batch_command)
     synth.register(subparsers)
     synth_lora.register(subparsers)
+    settings.add_config_flags(parser)
     return parser
 
 
@@ -70,7 +72,11 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = settings.parse_args(parser, argv)  # the flags, and what COBALI_* and --config FILE add to them
+    # INFO for cobali's own lines in every face (the backend's load line says what the model takes, and where);
+    # other libraries' only from WARNING: an HTTP client's line per request would bury them.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("cobali").setLevel(logging.INFO)
     try:
         return args.func(args)
     except ValueError as err:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Callable
 
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.hf_model import HF_EXTRA, resolve_hf_model
+from cobali.backends.llama_cpp_config import FLASH_ATTN_MODES, KV_CACHE_TYPES, LlamaCppConfig
 from cobali.config import EngineSpec
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
@@ -38,6 +40,11 @@ non_negative_float = number_type(float, 0.0, "a number >= 0")
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="GGUF path (default: the embedded SmolLM2-135M Q4_1)")
+    parser.add_argument("--hf-repo", default=None, metavar="OWNER/NAME[:QUANT]",
+                        help="a GGUF from a Hugging Face repository instead of --model, fetched into huggingface_hub's "
+                             "cache and picked as llama-server's -hf picks it: the file whose name holds QUANT, "
+                             f"without one Q4_K_M, else Q8_0, else the first (the hf extra: {HF_EXTRA})")
+    parser.add_argument("--hf-file", default=None, metavar="FILE", help="with --hf-repo: this file of the repository")
     parser.add_argument("--max-slots", type=positive_int, default=16, help="concurrent sequences (KV slots)")
     parser.add_argument("--n-batch", type=positive_int, default=512, help="token budget of one decode call")
     parser.add_argument("--ctx", type=non_negative_int, default=0,
@@ -50,6 +57,17 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend-sampling", action="store_true",
                         help="pick greedy tokens inside llama.cpp's graph (its experimental backend sampling) "
                              "for requests that ask no logprobs: their logits never reach the host")
+    parser.add_argument("--cache-type-k", choices=tuple(KV_CACHE_TYPES), default="f16",
+                        help="KV cache type of K, as llama-server's (q8_0 halves the KV's bytes, q4_0 quarters them)")
+    parser.add_argument("--cache-type-v", choices=tuple(KV_CACHE_TYPES), default="f16",
+                        help="KV cache type of V; a quantized one needs flash attention (auto turns it on)")
+    parser.add_argument("--flash-attn", choices=FLASH_ATTN_MODES, default="auto",
+                        help="llama.cpp's flash attention: auto lets it decide per device (default %(default)s)")
+    parser.add_argument("--fit", action="store_true",
+                        help="size the KV context to the memory there is: --ctx, or without it the model's training "
+                             "context for every slot, cut to what free memory (a GPU's, when layers are offloaded) "
+                             "holds beside the weights, with a margin; the load line says what it made")
+    parser.add_argument("--verbose", action="store_true", help="let llama.cpp's own log lines through to stderr")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -81,11 +99,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "(default there: this CPU's bundled profile)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="do not reuse KV of earlier prompts sharing a prefix")
-    parser.add_argument("--host-cache-mib", type=non_negative_int, default=default_host_cache_mib(),
+    # The default is resolved in engine_config, not here: building the parser (--help included) must not ask
+    # the OS anything, and os.sysconf does not exist on Windows.
+    parser.add_argument("--host-cache-mib", type=non_negative_int, default=None,
                         help="host memory (MiB) for cached prefixes evicted from their KV slots: a prompt that "
                              "shares one later restores it (~1 ms) instead of prefilling it again, like "
                              "llama-server's --cache-ram (default 8192, at most a quarter of this machine's "
-                             "memory: %(default)s here; per engine: each of --replicas has its own; 0 = off)")
+                             "memory where the OS reports it; per engine: each of --replicas has its own; 0 = off)")
     parser.add_argument("--no-compact-slots", dest="compact_slots", action="store_false",
                         help="leave a gap when a slot between running ones frees (per-sequence KV "
                              "streams: every gap in the running slots costs llama.cpp one more forward pass a tick)")
@@ -108,28 +128,56 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 def default_host_cache_mib() -> int:
     """llama-server's --cache-ram default, but never more than a quarter of the memory: the tier fills as prompts
-    come and go, and a small machine would run out long before 8 GiB of them."""
+    come and go, and a small machine would run out long before 8 GiB of them. Where the OS does not report its
+    memory (no os.sysconf on Windows), llama-server's default as it is."""
+    sysconf = getattr(os, "sysconf", None)
+    if sysconf is None:
+        return 8192
     try:
-        physical_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+        physical_mib = sysconf("SC_PHYS_PAGES") * sysconf("SC_PAGE_SIZE") // 2**20
     except (ValueError, OSError):  # not reported here
         return 8192
     return min(8192, physical_mib // 4)
 
 
+def model_path(args: argparse.Namespace) -> str | None:
+    """--model, or the file --hf-repo names: resolved here, at the edge, so every config built from the flags (and
+    each of --replicas) loads the same local file."""
+    if args.hf_repo is None:
+        if args.hf_file is not None:
+            raise ValueError("--hf-file needs --hf-repo")
+        return args.model
+    if args.model is not None:
+        raise ValueError("--model and --hf-repo are exclusive")
+    return _hf_model(args.hf_repo, args.hf_file)
+
+
+@functools.lru_cache(maxsize=8)
+def _hf_model(spec: str, hf_file: str | None) -> str:
+    return resolve_hf_model(spec, hf_file)  # once a process: a face may build several configs from its flags
+
+
 def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> LlamaCppConfig:
     """llama.cpp's settings from the flags; n_seq_max: sequences to size it for (default --max-slots)."""
-    return LlamaCppConfig(model_path=args.model, n_ctx=args.ctx, n_seq_max=n_seq_max or args.max_slots,
+    return LlamaCppConfig(model_path=model_path(args), n_ctx=args.ctx, n_seq_max=n_seq_max or args.max_slots,
                           n_batch=args.n_batch, n_threads=args.threads, kv_unified=args.kv_unified,
                           n_gpu_layers=args.n_gpu_layers, backend_sampling=args.backend_sampling,
+                          cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, flash_attn=args.flash_attn,
+                          fit=args.fit, verbose=args.verbose,
                           # calibrate takes no engine flags, and guesses nothing; only serve loads adapters
                           max_outputs_per_seq=1 + getattr(args, "num_speculative_tokens", 0),
                           lora_paths=tuple(path for _, path in getattr(args, "lora_modules", ())))
 
 
+def host_cache_mib(args: argparse.Namespace) -> int:
+    """--host-cache-mib, or its default for this machine when not given."""
+    return default_host_cache_mib() if args.host_cache_mib is None else args.host_cache_mib
+
+
 def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineConfig:
     return EngineConfig(mode=mode, max_slots=args.max_slots, prefill_chunk_tokens=args.prefill_chunk_tokens,
                         n_batch=args.n_batch, policy=args.policy, kv_admission=args.kv_admission,
-                        queue=args.queue, prefix_cache=args.prefix_cache, host_cache_mib=args.host_cache_mib,
+                        queue=args.queue, prefix_cache=args.prefix_cache, host_cache_mib=host_cache_mib(args),
                         compact_slots=args.compact_slots, itl_target_ms=args.itl_target_ms,
                         tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
                         async_scheduling=args.async_scheduling, spec=SpecConfig(

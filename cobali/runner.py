@@ -3,7 +3,7 @@ The library under `cobali run`, `cobali bench` and the benchmark scripts."""
 
 from __future__ import annotations
 
-import resource
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +17,11 @@ from cobali.engine.plan import TickRecord
 from cobali.engine.request import Request
 from cobali.metrics import summarize
 from cobali.workloads import WorkItem
+
+try:
+    import resource
+except ImportError:  # Windows: no resource module, and `import cobali` (even --help) must not fail there
+    resource = None  # type: ignore[assignment]
 
 
 @dataclass
@@ -46,6 +51,9 @@ def tick_stats(ticks: Sequence[TickRecord]) -> dict:
 
 
 def user_cpu_seconds() -> float:
+    """This process's user CPU time: getrusage's microseconds where it exists, else os.times' coarser clock."""
+    if resource is None:
+        return os.times().user
     return resource.getrusage(resource.RUSAGE_SELF).ru_utime
 
 

@@ -112,8 +112,10 @@ class Oracle:
         return self._firsts
 
 
-def bytes_oracle() -> Oracle:
-    return Oracle(GrammarCompiler(bytes_tokenizer), lambda text: list(text.encode()))
+def bytes_oracle(tokenizer: LLTokenizer | None = None) -> Oracle:
+    """tokenizer: one bytes_tokenizer() made before, for a fresh compiler (nothing compiled) at no cost."""
+    return Oracle(GrammarCompiler(bytes_tokenizer if tokenizer is None else lambda: tokenizer),
+                  lambda text: list(text.encode()))
 
 
 def fake_oracle(backend: FakeBackend | None = None) -> Oracle:
@@ -146,3 +148,27 @@ def time_limit(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+_REAL: dict[str, tuple[Any, Oracle]] = {}
+
+
+def real_oracle(model_path: str) -> Oracle:
+    """The embedded model's vocabulary. Its backend stays loaded for the process, shared by every test that asks
+    (llguidance's tokenizer calls into the model's vocabulary); one sequence, no KV to speak of."""
+    if model_path not in _REAL:
+        from cobali.backends.llama_cpp import LlamaCppBackend
+        from cobali.backends.llama_cpp_config import LlamaCppConfig
+
+        backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=1, n_batch=64))
+        tokenizer = backend.guidance_tokenizer()
+
+        def tokens_of(text: str) -> list[int] | None:
+            """The model's tokens for the text; None where they write something else (a byte it has no token for:
+            llama.cpp's tokenizer drops it)."""
+            tokens = tokenizer.tokenize_bytes(text.encode())
+            return tokens if tokenizer.decode_bytes(tokens) == text.encode() else None
+
+        oracle = Oracle(GrammarCompiler(lambda: tokenizer), tokens_of)
+        _REAL[model_path] = (backend, oracle)
+    return _REAL[model_path][1]

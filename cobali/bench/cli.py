@@ -82,6 +82,7 @@ def load_options(args: argparse.Namespace, n_items: int) -> LoadOptions:
 def bench_command(args: argparse.Namespace) -> int:
     configs = bench_configs(args)
     items = file_items(args)
+    draw = bool(args.out) and plots.can_plot("cobali bench")
     spec = engine_spec(args)
     # One model load for every config: as many sequences as the largest config uses.
     backend = build_backend(backend_config(args, n_seq_max=max(c.max_slots for c in configs)))
@@ -104,7 +105,8 @@ def bench_command(args: argparse.Namespace) -> int:
         out = Path(args.out)
         meta = {"args": flags_record(args), "backend": info, "prompts": len(items)}
         written = write_offline_files(out, meta, runs, summaries)
-        written += plots.write_offline_plots(out, runs, summaries)
+        if draw:
+            written += plots.write_offline_plots(out, runs, summaries)
         print(f"wrote {len(written)} files to {out}")
     if args.trace:
         print(f"wrote {write_trace(args.trace, runs)}")
@@ -128,8 +130,9 @@ def server_urls(specs: list[str]) -> list[tuple[str, str]]:
 def serve_command(args: argparse.Namespace) -> int:
     items = load_items(args.prompts, args.num_prompts)
     servers = server_urls(args.url)
+    draw = bool(args.out) and plots.can_plot("cobali bench serve")
     if args.rate_sweep is not None:
-        return sweep_cli.sweep_command(args, items, servers)
+        return sweep_cli.sweep_command(args, items, servers, draw)
     concurrency = args.concurrency or 1
     summaries, samples, records, errors = [], {}, {}, []
     for name, url in servers:
@@ -149,7 +152,8 @@ def serve_command(args: argparse.Namespace) -> int:
         write_json(out / "summary.json", {"args": flags_record(args), "runs": summary})
         # One server: its records (the file's format before --url could repeat); several: by server name.
         write_json(out / "requests.json", records[servers[0][0]] if len(servers) == 1 else records)
-        plots.throughput_bars(out / "throughput.png", summary)
-        plots.latency_cdfs(out / "latency_cdf.png", samples)
-        print(f"wrote summary.json, requests.json and plots to {out}")
+        if draw:
+            plots.throughput_bars(out / "throughput.png", summary)
+            plots.latency_cdfs(out / "latency_cdf.png", samples)
+        print(f"wrote summary.json, requests.json{' and plots' if draw else ''} to {out}")
     return 0 if len(errors) < len(items) * len(servers) else 1

@@ -1,26 +1,53 @@
 """PNG plots of a benchmark. Figures are drawn on an explicit Agg canvas, never through pyplot, so nothing
-here depends on (or changes) a process-wide backend or needs a display."""
+here depends on (or changes) a process-wide backend or needs a display.
+
+matplotlib is the optional extra `plot`: it is imported when a figure is drawn, never with this module, so a slim
+install benchmarks (and serves) without it, and the benchmark faces ask `can_plot` before they draw."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
 
 from cobali.bench.offline import BenchRun
 from cobali.bench.report import gaps_ms
 from cobali.engine.plan import ChunkKind, TickRecord
 from cobali.metrics import latency_samples, request_timing
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
+
 COLOURS = {ChunkKind.PREFILL: ("tab:orange", "peru"), ChunkKind.DECODE: ("tab:blue", "steelblue")}
+MISSING = ("no plots: matplotlib is not installed; install the extra that draws them: pip install 'cobali[plot]' "
+           "(in a checkout: pip install '.[plot]')")
+
+
+def can_plot(command: str) -> bool:
+    """Whether plots can be drawn here; if not, says so on stderr (before a run that may take minutes, so that
+    it can be stopped) with the extra to install. The JSON files are written either way."""
+    if importlib.util.find_spec("matplotlib") is not None:
+        return True
+    print(f"{command}: {MISSING}", file=sys.stderr)
+    return False
+
+
+def _null_formatter() -> NullFormatter:
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
 
 
 def _figure(n_axes: int = 1, width: float = 7.0, height: float = 4.0) -> tuple[Figure, list]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width * n_axes if n_axes > 1 else width, height), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, n_axes, squeeze=False)[0]
@@ -57,7 +84,7 @@ def latency_cdfs(path: Path, samples: Mapping[str, Mapping[str, Sequence[float]]
                 fraction = np.arange(values.size + 1) / values.size
                 ax.step(np.concatenate([values[:1], values]), fraction, where="post", label=name)
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels on a log axis overlap
+        ax.xaxis.set_minor_formatter(_null_formatter())  # minor labels on a log axis overlap
         ax.set_xlabel(f"{metric.upper()} (ms)")
         ax.set_ylabel("fraction of samples")
         ax.grid(alpha=0.3)
@@ -162,7 +189,7 @@ def sweep_plots(out: Path, summaries: Sequence[dict]) -> list[Path]:
             # Knob values are usually powers of two: a log2 axis spaces them evenly.
             ax.set_xscale("log", base=2)
             ax.set_xticks(values, [str(v) for v in values])
-            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.xaxis.set_minor_formatter(_null_formatter())
             ax.set_xlabel(knob)
             ax.set_title(title)
             ax.grid(alpha=0.3)

@@ -63,7 +63,9 @@ def sweep_settings(args: argparse.Namespace) -> tuple[tuple[float, ...], dict | 
     return parse_rates(args.rate_sweep), limits, parse_limits(args.slo, CAPACITY_METRICS, "--slo")
 
 
-def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list[tuple[str, str]]) -> int:
+def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list[tuple[str, str]],
+                  draw: bool = True) -> int:
+    """draw: whether to write the plots with the JSON (False where matplotlib is missing)."""
     rates, limits, slo = sweep_settings(args)
     print(f"cobali bench serve --sweep: {len(items)} prompts at {', '.join(f'{r:g}' for r in rates)} req/s "
           f"against {', '.join(name for name, _ in servers)}")
@@ -104,10 +106,10 @@ def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list
         write_json(out / "sweep.json", {"args": flags_record(args), "slo_ms": slo, "goodput_ms": limits,
                                         "servers": results})
         series = {name: r["rows"] for name, r in results.items()}
-        for key, label in PLOTTED:
+        for key, label in PLOTTED if draw else ():
             if any(row.get(key) is not None for rows in series.values() for row in rows):
                 plots.metric_vs_rate(out / f"sweep_{key.removesuffix('_ms')}.png", key, label, series)
-        print(f"wrote sweep.json and one plot per metric to {out}")
+        print(f"wrote sweep.json{' and one plot per metric' if draw else ''} to {out}")
     failed = sum(row["failed"] for r in results.values() for row in r["rows"])
     return 0 if failed == 0 else 1
 

@@ -84,7 +84,8 @@ class Engine(Driving):
             raise ValueError("prompt is empty")
         limit = self.slots.accountant.seq_limit
         if len(tokens) >= limit:
-            raise ValueError(f"prompt has {len(tokens)} tokens; the context holds {limit} per request")
+            raise ValueError(f"prompt has {len(tokens)} tokens; the context holds {limit} per request "
+                             f"({self.slots.accountant.context_hint()})")
         n_vocab = self.backend.info.n_vocab
         if any(not 0 <= t < n_vocab for t in tokens):
             raise ValueError(f"prompt token ids must be in [0, {n_vocab})")

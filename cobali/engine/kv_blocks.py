@@ -18,6 +18,14 @@ class KvAccountant:
         # Cells one sequence may ever hold: its stream, or as much of the pool as whole blocks cover.
         self.seq_limit = min(info.n_ctx_seq, self.total_blocks * block_tokens) if self.unified else info.n_ctx_seq
         self._held: dict[int, int] = {}
+        self._cells, self._slots = cells, max_slots
+
+    def context_hint(self) -> str:
+        """How the operator gives one request more context, in the faces' flags: said with every refusal."""
+        if self.unified:
+            return f"the KV pool has {self._cells} cells: start with a larger --ctx (or --fit)"
+        return (f"the {self._cells} KV cells are split over {self._slots} slots: start with a larger --ctx, fewer "
+                "--max-slots, --kv-unified (one pool a request may fill), or --fit")
 
     def blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_tokens)

@@ -82,7 +82,7 @@ class RowSampler:
         """Each constrained request's token to its grammar; one the grammar refuses fails its request."""
         for i, (request, token) in enumerate(zip(requests, tokens, strict=True)):
             if token is not None and request.params.grammar is not None:
-                error = self.guide.accept(request.id, token)
+                error = self.guide.accept(request.id, token, request.params.grammar)
                 if error is not None:
                     failures[request.id], tokens[i] = error, None
 

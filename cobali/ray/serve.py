@@ -32,7 +32,7 @@ from cobali.ray.gateway import gateway_app
 from cobali.server.config import ServerConfig
 from cobali.server.engine_thread import EngineState
 from cobali.server.flags import add_serve_args, server_config
-from cobali.server.serve import build_app, configure_logging
+from cobali.server.serve import build_app, configure_logging, warn_if_open
 
 log = logging.getLogger("cobali.server")
 APP_NAME = "cobali"
@@ -128,6 +128,7 @@ def build(options: dict[str, str]) -> Application:
 def serve_replicas(spec: EngineSpec, settings: ServerConfig) -> int:
     """Bad flag combinations failed when the configs were built, before a cluster starts."""
     configure_logging()
+    warn_if_open(settings)
     local = settings.ray_address is None
     if local:
         ray.init(address="local", include_dashboard=False)  # the endpoint has its own /metrics

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -33,11 +34,14 @@ async def require_api_key(http: Request) -> None:
     """Bearer auth for /v1/*, /tokenize, /detokenize, /slots and the docs (/docs, /redoc, /openapi.json); /health
     and /metrics stay open for probes and scrapers. Async, because FastAPI runs a plain-def dependency on a worker
     thread: a thread hop per request."""
-    key = http.app.state.server.api_key
-    if key is None:
+    keys = http.app.state.server.api_keys
+    if not keys:
         return
     scheme, _, token = http.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
+    given = token.strip().encode()
+    # Every key compared, in constant time each: how long the check takes says nothing of which key matched.
+    matches = [secrets.compare_digest(given, key.encode()) for key in keys]
+    if scheme.lower() != "bearer" or not any(matches):
         raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                        "authentication_error", code="invalid_api_key")
 
@@ -132,16 +136,18 @@ def slot_table(engine: Engine) -> list[dict]:
 
 
 def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue: int | None = None,
-               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               api_keys: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                chat_template: str | None = None, stream_interval: int = 1, lora_names: tuple[str, ...] = (),
                runtime_lora: bool = False, send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
                max_stream_buffer_chars: int = DEFAULT_MAX_STREAM_BUFFER_CHARS, limits: RequestLimits | None = None,
-               grammar: GrammarLimits | None = None, preprocess: PreprocessLimits | None = None) -> FastAPI:
+               grammar: GrammarLimits | None = None, preprocess: PreprocessLimits | None = None,
+               allowed_origins: tuple[str, ...] = ()) -> FastAPI:
     """The app and its engine thread, which builds the engine with `engine_factory` (loading the model).
 
     The thread starts with the app, so /health answers 503 while the model loads, and stops with it.
     lora_names: the adapters loaded with the model; runtime_lora: vLLM's load/unload routes are served.
     limits, grammar, preprocess: what one request may cost (README, "Bounded cost"); None: the defaults.
+    api_keys: a request must bear one (none: open); allowed_origins: browser pages let in by CORS (none: no CORS).
     """
     pool = WorkPool(preprocess or PreprocessLimits())
     metrics = ServerMetrics()
@@ -161,12 +167,17 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
     # the event loop's time at 256 streams, bench/sleeping_backend.py); cobali's metrics are its /metrics.
     app = FastAPI(title="cobali", lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False},
                   openapi_url=None, docs_url=None, redoc_url=None)  # the `docs` router's instead
-    app.state.server = ServerContext(engine_thread, metrics, model_name, api_key, created=int(time.time()),
+    app.state.server = ServerContext(engine_thread, metrics, model_name, api_keys, created=int(time.time()),
                                      chat_template=chat_template, loras=LoraNames(lora_names),
                                      send_timeout_s=send_timeout_s, max_stream_buffer_chars=max_stream_buffer_chars,
                                      limits=limits or RequestLimits(), grammar=grammar or GrammarLimits(), pool=pool)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if allowed_origins:  # added last, so outermost: a preflight never reaches the key check, and a 413 has CORS too
+        # Any request header: the OpenAI SDKs send Authorization and Content-Type, and the JS one X-Stainless-*
+        # besides; the origin is the gate. No credentials: the key rides in a header, not a cookie.
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
 
     @app.exception_handler(GenerationError)
     async def _generation_error(_http: Request, err: GenerationError) -> JSONResponse:

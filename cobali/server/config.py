@@ -17,7 +17,10 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_queue: int | None = 256  # requests that may wait for a slot; beyond it HTTP 429 (None: no limit)
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # --api-key, --api-key-file: a request must bear one of them (none: open)
+    allowed_origins: tuple[str, ...] = ()  # --allowed-origins: browser pages that may call the API (CORS)
+    ssl_keyfile: str | None = None  # --ssl-keyfile and --ssl-certfile: HTTPS, both or neither
+    ssl_certfile: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     served_model_name: str | None = None  # None: the GGUF file's name
     shutdown_grace_s: float = 30.0
@@ -41,5 +44,9 @@ class ServerConfig:
             raise ValueError(f"--lora-modules names must differ from each other and from the served model: {names}")
         if self.runtime_lora and self.replicas > 1:
             raise ValueError("--allow-runtime-lora-updating loads an adapter into one engine: not with --replicas")
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise ValueError("--ssl-keyfile and --ssl-certfile go together: give both or neither")
+        if self.ssl_keyfile is not None and self.replicas > 1:
+            raise ValueError("--ssl-keyfile/--ssl-certfile: with --replicas, Ray Serve's proxy serves HTTP, not TLS")
         if self.replicas == 1 and self.ray_address is not None:
             raise ValueError("--ray-address needs --replicas > 1 (one replica runs in this process)")

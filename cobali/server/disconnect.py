@@ -95,7 +95,8 @@ def cancelled_on_disconnect(handler: Callable[P, Awaitable[Response]]) -> Callab
             streaming = isinstance(response, StreamingResponse)  # EventStream stops the watch when it ends
             return response
         except asyncio.CancelledError:
-            if not cancelled or task.uncancel() > 0:  # someone else's cancel too (shutdown): theirs to handle
+            uncancel = getattr(task, "uncancel", None)  # Python 3.11+; on 3.10 a shutdown's cancel reads as ours
+            if not cancelled or (uncancel is not None and uncancel() > 0):  # someone else's too: theirs to handle
                 raise
             return Response(status_code=CLIENT_GONE)
         finally:

@@ -32,6 +32,33 @@ def _template_file(path: str) -> str:
         raise argparse.ArgumentTypeError(f"cannot read the chat template {path!r}: {err}") from None
 
 
+def _key_file(path: str) -> tuple[str, ...]:
+    """The keys of an --api-key-file, read here (as --chat-template), so every replica gets the keys themselves."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = [line.strip() for line in file]
+    except (OSError, UnicodeDecodeError) as err:
+        raise argparse.ArgumentTypeError(f"cannot read the API key file {path!r}: {err}") from None
+    keys = tuple(line for line in lines if line and not line.startswith("#"))
+    if not keys:
+        raise argparse.ArgumentTypeError(f"the API key file {path!r} holds no key (one a line; blank lines and # "
+                                         "comments are skipped)")
+    return keys
+
+
+def _existing_file(path: str) -> str:
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"no such file {path!r}")
+    return path
+
+
+def _origin(text: str) -> str:
+    """Browsers send an origin as scheme://host[:port]: one with a path or a trailing slash would never match."""
+    if text != "*" and ("://" not in text or "/" in text.split("://", 1)[1]):
+        raise argparse.ArgumentTypeError(f"expected an origin such as https://app.example.com or *, got {text!r}")
+    return text
+
+
 def _lora_module(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not (sep and name and path):
@@ -59,8 +86,19 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_port, default=8000, help="port to bind")
     parser.add_argument("--max-queue", type=non_negative_int, default=256,
                         help="requests that may wait for a slot; beyond it requests get HTTP 429")
-    parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on /v1 and /slots")
+    parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on /v1, /slots and the docs; repeat for several "
+                             "keys, any of which is accepted. A key here shows in `ps`: prefer --api-key-file or "
+                             "COBALI_API_KEY")
+    parser.add_argument("--api-key-file", type=_key_file, default=(), metavar="FILE",
+                        help="API keys, one a line (blank lines and # comments skipped), beside any --api-key")
+    parser.add_argument("--allowed-origins", type=_origin, nargs="+", default=(), metavar="ORIGIN",
+                        help="let web pages from these origins (https://app.example.com, or * for any) call the "
+                             "API from a browser: CORS headers, off by default")
+    parser.add_argument("--ssl-keyfile", type=_existing_file, default=None, metavar="FILE",
+                        help="serve HTTPS with this private key (PEM), with --ssl-certfile")
+    parser.add_argument("--ssl-certfile", type=_existing_file, default=None, metavar="FILE",
+                        help="serve HTTPS with this certificate chain (PEM), with --ssl-keyfile")
     parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body; beyond it requests get HTTP 413")
     _add_model_args(parser)
@@ -104,7 +142,10 @@ def run_batch_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
-    return ServerConfig(host=args.host, port=args.port, max_queue=args.max_queue, api_key=args.api_key,
+    keys = tuple(dict.fromkeys((*(args.api_key or ()), *args.api_key_file)))  # in order, each once
+    return ServerConfig(host=args.host, port=args.port, max_queue=args.max_queue, api_keys=keys,
+                        allowed_origins=tuple(args.allowed_origins), ssl_keyfile=args.ssl_keyfile,
+                        ssl_certfile=args.ssl_certfile,
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
                         shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address,
                         chat_template=args.chat_template, stream_interval=args.stream_interval,

@@ -21,7 +21,7 @@ _HELP = {
     "max_logit_bias": "logit_bias entries per request",
     "max_stop_token_ids": "stop_token_ids per request",
     "max_bytes": "bytes of one schema, regex, grammar or choice list as sent (JSON text for an object)",
-    "compile_timeout_s": "seconds a grammar may take to compile; beyond it the request is a 400",
+    "max_gbnf_rules": "rules of one GBNF grammar (its conversion to llguidance's Lark costs their square)",
     "max_grammar_size": "llguidance: symbols in a grammar's productions",
     "max_lexer_states": "llguidance: lexer states one grammar may build (memory)",
     "initial_lexer_fuel": "llguidance: work building a grammar's lexer",

@@ -15,7 +15,8 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+               60.0)
 
 
 class LoopLagMonitor:

@@ -64,7 +64,8 @@ def build_choices(engine: Engine, body: GenerationRequest, prompts: list[list[in
     if (k := body.prompt_logprob_count()) is not None:  # vLLM's, or echo's with logprobs
         check_prompt_logprobs(sum(map(len, prompts)) * (k + 1) * body.n,
                               "prompt_logprobs" if body.prompt_logprobs is not None else "logprobs", request_limits)
-    limits = ModelLimits(engine.slots.accountant.seq_limit, engine.backend.info.n_vocab)
+    accountant = engine.slots.accountant
+    limits = ModelLimits(accountant.seq_limit, engine.backend.info.n_vocab, accountant.context_hint())
     try:
         choices = [(tokens, body.sampling_params(len(tokens), limits, copy))
                    for tokens in prompts for copy in range(body.n)]

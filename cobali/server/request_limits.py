@@ -61,7 +61,7 @@ LIMIT_FLAGS = {
 }
 GRAMMAR_FLAGS = {
     "max_bytes": "--max-grammar-bytes",
-    "compile_timeout_s": "--grammar-compile-timeout",
+    "max_gbnf_rules": "--max-gbnf-rules",
     "max_grammar_size": "--grammar-max-size",
     "max_lexer_states": "--grammar-max-lexer-states",
     "initial_lexer_fuel": "--grammar-lexer-fuel",
@@ -128,6 +128,8 @@ def check_constraints(body: Any, grammar: GrammarLimits) -> None:
     """Every schema, regex, grammar or choice list the body names, by the bytes of its text as sent."""
     for param, value in constraint_texts(body):
         _at_most(param, f"{param} (bytes of its text)", _size(value), grammar.max_bytes, "--max-grammar-bytes")
+        if param.endswith("grammar") and isinstance(value, str):  # GBNF (or Lark): rules named with ::=
+            _at_most(param, f"{param} (GBNF rules)", value.count("::="), grammar.max_gbnf_rules, "--max-gbnf-rules")
 
 
 def constraint_texts(body: Any) -> list[tuple[str, Any]]:

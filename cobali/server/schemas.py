@@ -31,6 +31,7 @@ class ModelLimits:
 
     n_ctx_seq: int  # context tokens one request may use
     n_vocab: int
+    context_hint: str = ""  # how the operator gives a request more (KvAccountant.context_hint)
 
 
 class StreamOptions(Body):
@@ -141,7 +142,8 @@ class GenerationRequest(StructuredRequest):
         if max_tokens > room:
             raise ValueError(
                 f"this model's context length is {limits.n_ctx_seq} tokens per request, but {prompt_tokens} "
-                f"prompt tokens + max_tokens {max_tokens} = {prompt_tokens + max_tokens} tokens")
+                f"prompt tokens + max_tokens {max_tokens} = {prompt_tokens + max_tokens} tokens"
+                + (f" ({limits.context_hint})" if limits.context_hint else ""))
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,

@@ -47,7 +47,7 @@ class ServerContext:
     engine_thread: EngineThread
     metrics: ServerMetrics
     model_name: str
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # a request must bear one of them; none: the API is open
     created: int = 0  # unix time the server started, for /v1/models
     chat_template: str | None = None  # --chat-template: Jinja text used instead of the model's own
     embedding_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one embeddings call at a time

@@ -81,7 +81,7 @@ class StructuredOutputs(Body):
     @model_validator(mode="after")
     def _one(self) -> StructuredOutputs:
         given = [k for k in ("choice", "json_schema", "grammar", "regex", "json_object")
-                 if getattr(self, k) not in (None, False)]
+                 if getattr(self, k) is not None and (k != "json_object" or self.json_object)]
         if len(given) != 1:
             raise ValueError("structured_outputs needs exactly one of choice, json, regex, grammar, json_object")
         return self

@@ -48,6 +48,12 @@ class GrammarCompiler:
         """A fresh matcher for one request, at the grammar's start."""
         return self._template(grammar).deep_copy()
 
+    def forget(self, grammar: str) -> None:
+        """Drop a compiled grammar: its copies share one lexer and its limits, so once one of them ran out, the
+        next request compiles afresh instead of failing at its first token."""
+        with self._lock:
+            self._compiled.pop(grammar, None)
+
     def _check_start(self, template: LLMatcher) -> None:
         """Some grammars compile yet allow nothing at all (a $ref cycle that reaches no value): the first mask
         says so, here rather than at the request's first token."""
@@ -55,8 +61,7 @@ class GrammarCompiler:
         mask = np.zeros((self.tokenizer.vocab_size + 31) // 32, dtype=np.int32)
         probe.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
         if probe.is_error() or not mask.any():
-            reason = probe.get_error().split("\n")[0] or "no token is allowed first"
-            raise ValueError(f"the constraint allows no output ({reason})")
+            raise ValueError(f"the constraint allows no output ({brief(probe.get_error()) or 'nothing first'})")
 
     def _template(self, grammar: str) -> LLMatcher:
         with self._lock:
@@ -66,10 +71,17 @@ class GrammarCompiler:
                 return template
         template = LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._ll_limits)
         if template.is_error():
-            raise ValueError(f"the constraint cannot be used: {template.get_error()}")
+            raise ValueError(f"the constraint cannot be used: {brief(template.get_error())}")
         self._check_start(template)
         with self._lock:
             self._compiled[grammar] = template
             while len(self._compiled) > CACHE_SIZE:
                 self._compiled.popitem(last=False)
         return template
+
+
+def brief(error: str, limit: int = 500) -> str:
+    """llguidance's error for a client: on one line, without the marker its terse mode adds, and bounded (a
+    schema's 4,000-digit bound would come back whole)."""
+    line = " ".join(error.replace("<non-verbose/>", "").split())
+    return line if len(line) <= limit else line[:limit] + "..."

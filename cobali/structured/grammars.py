@@ -14,7 +14,8 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 # JSON as a model should write it: one space after ':' and ',', no free whitespace. Free whitespace lets a small
 # model write newlines until max_tokens runs out, with every token allowed.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+                                "lenient": False}
 MAX_CHOICES = 256  # alternatives of a choice
 
 
@@ -24,7 +25,8 @@ def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
     that breaks its schema."""
     if schema is False:
         raise ValueError("the schema is `false`: it allows no output")
-    return LLMatcher.grammar_from_json_schema({} if schema is True else schema, defaults=JSON_OPTIONS)
+    # Overrides, not defaults: a schema's own "x-guidance" must not make the server loosen what it holds.
+    return LLMatcher.grammar_from_json_schema({} if schema is True else schema, overrides=JSON_OPTIONS)
 
 
 JSON_OBJECT_GRAMMAR = json_schema_grammar({"type": "object"})
@@ -33,6 +35,8 @@ JSON_OBJECT_GRAMMAR = json_schema_grammar({"type": "object"})
 def regex_grammar(pattern: str) -> str:
     """A regular expression's grammar (Rust's `regex` syntax: no lookarounds or backreferences, which
     llguidance refuses at compile time); the output must match it whole."""
+    if (len(pattern) - len(pattern.rstrip("\\"))) % 2:  # llguidance would drop a dangling escape unseen
+        raise ValueError("the regex ends in a lone backslash")
     return LLMatcher.grammar_from_regex(pattern)
 
 
@@ -68,7 +72,7 @@ def tool_call_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
         schema = parameters if parameters is not None else {"type": "object"}
         head = _lark_literal(f'{{"name": {json.dumps(name)}, "arguments": ')
         calls.append(f"{head} args{i} \"}}\"")
-        rules.append(f"args{i}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")
+        rules.append(f"args{i}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")  # ours win
     call = f'"<tool_call>\\n" ({" | ".join(calls)}) "\\n</tool_call>"'
     repeat = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
     return LLMatcher.grammar_from_lark("\n".join([f"start: call{repeat}", f"call: {call}", *rules]))

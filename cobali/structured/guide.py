@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from llguidance import LLMatcher
 
-from cobali.structured.compiler import GrammarCompiler
+from cobali.structured.compiler import GrammarCompiler, brief
 
 
 class Guide:
@@ -33,7 +33,8 @@ class Guide:
                 matcher = self._matcher(request_id, grammar)
                 matcher.unsafe_compute_mask_ptr(mask[i].ctypes.data, mask.shape[1] * 4)
                 if matcher.is_error():
-                    raise ValueError(f"the constraint failed: {matcher.get_error()}")
+                    self.compiler.forget(grammar)
+                    raise ValueError(f"the constraint failed: {brief(matcher.get_error())}")
                 allowed = np.unpackbits(mask[i].view(np.uint8), bitorder="little", count=self.n_vocab).view(bool)
                 if not allowed.any():
                     raise ValueError("the constraint allows no token after the text written so far")
@@ -49,12 +50,13 @@ class Guide:
         for out_row, values in saved:
             logits[out_row] = values
 
-    def accept(self, request_id: int, token: int) -> ValueError | None:
+    def accept(self, request_id: int, token: int, grammar: str) -> ValueError | None:
         """Feed a sampled token to the request's grammar; the error if the grammar refuses it."""
         matcher = self._matchers[request_id]
         if matcher.consume_token(token):
             return None
-        return ValueError(f"the constraint refused the sampled token: {matcher.get_error()}")
+        self.compiler.forget(grammar)
+        return ValueError(f"the constraint refused the sampled token: {brief(matcher.get_error())}")
 
     def forget(self, request_id: int) -> None:
         self._matchers.pop(request_id, None)

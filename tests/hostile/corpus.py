@@ -8,7 +8,8 @@ normal 2-token request runs beside it every 0.5 s. What a case must get back (`e
 - "same": the two bodies of a pair get the same answer (the LoRA load oracle);
 - "dropped": a client that stops reading, or disconnects, stops costing the server (streams.py).
 
-/health's text after an engine failure is not here: nothing a client sends makes the engine fail.
+/health's text after an engine failure is not here: nothing a client sends makes the engine fail (a crashed fake
+engine's /health is tests/unit/test_reliability.py's).
 Bodies are serialized with ASCII escapes, so a lone surrogate travels as the JSON escape "\\ud800".
 """
 
@@ -150,8 +151,8 @@ def _stop_and_logprob_cases() -> list[Case]:
     long_prompt = "hello world " * PROMPT_TOKENS_NEAR_CTX
     return [
         Case("stop: 16 x 240 KB", "stop strings",
-             completion(stop=["s" * 240_000 + str(i) for i in range(16)], max_tokens=32, ignore_eos=True)),
-        Case("stop: one of 3.9 MB", "stop strings", completion(stop="z" * 3_900_000, max_tokens=32, ignore_eos=True)),
+             completion(stop=["s" * 240_000 + str(i) for i in range(16)], max_tokens=128, ignore_eos=True)),
+        Case("stop: one of 3.9 MB", "stop strings", completion(stop="z" * 3_900_000, max_tokens=128, ignore_eos=True)),
         Case("stop: 1000 strings", "stop strings", completion(stop=[f"stop-{i}" for i in range(1000)])),
         Case("n=16 x prompt_logprobs=20 x 1.9k tokens", "logprobs",
              completion(prompt=long_prompt, n=16, prompt_logprobs=20, max_tokens=1)),
@@ -197,12 +198,12 @@ def _contract_cases() -> list[Case]:
 def _stream_cases() -> list[Case]:
     stream = {"stream": True, "ignore_eos": True, "max_tokens": 1900}
     return [
-        Case("SSE client stops reading", "slow client", completion(n=8, logprobs=20, **stream),
+        Case("SSE client stops reading", "slow client", completion(n=4, logprobs=20, **stream),
              expect="dropped", special="stalled_sse"),
         Case("disconnect while decoding", "disconnect", completion(**stream), expect="dropped",
              special="disconnect_decode"),
         Case("disconnect while prefilling 16 x 1.9k", "disconnect", completion(
-            prompt="hello world " * PROMPT_TOKENS_NEAR_CTX, n=16, prompt_logprobs=20, max_tokens=1900,
+            prompt=[f"{i} " + "hello world " * PROMPT_TOKENS_NEAR_CTX for i in range(16)], max_tokens=100,
             ignore_eos=True), expect="dropped", special="disconnect_prefill"),
     ]
 

@@ -8,6 +8,8 @@ A case that kills or wedges the server is recorded, and a fresh server takes the
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -61,17 +63,19 @@ class Row:
     kind: str
     status: str
     seconds: float
-    probe_s: float | None  # None: a probe failed
+    probe_s: float  # the worst latency of the probes beside the case (0: none ran)
     lag: str  # seconds; "<=" a bucket's bound when the max did not rise; "n/a" when it could not be read
     alive: bool
     health: str
     failures: list[str] = field(default_factory=list)
     provoked: bool = True
+    probe_failed: str = ""  # the first answer other than a 200 a probe beside the case got
+    restarted: bool = False  # the server did not recover from the case, and a fresh one took the next
 
     @property
     def verdict(self) -> str:
         if self.failures:
-            return "FAIL: " + "; ".join(self.failures)
+            return "FAIL: " + "; ".join(self.failures) + (" (server restarted)" if self.restarted else "")
         return "ok" if self.provoked else "n/a (not provoked)"
 
 
@@ -112,47 +116,61 @@ def settle(server: Server, wait_s: float = 20.0) -> None:
 
 
 def run_case(server: Server, probe: Probe, baseline_s: float, case: Case) -> Row:
-    """One case: sent beside the probe, then checked against every target."""
+    """One case: sent beside the probe, then checked against every target. A server that failed one is given
+    15 s to answer normally again, or is replaced by a fresh one, so the next case is measured on its own."""
     settle(server)
     before = scrape_lag(server)
     t0 = time.monotonic()
     outcome = SPECIAL[case.special](server, case) if case.special else send(server, case)
     t1 = time.monotonic()
+    health = server.health_status() if server.alive() else "dead"
+    if health != "200" and server.proc is not None:  # a dying process may still be tearing down: give it a moment
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.proc.wait(2)
     alive = server.alive()
-    health = server.health_status() if alive else "dead"
-    worst = probe.worst(t0, t1)
+    worst, probe_failed = probe.worst(t0, t1)
     after = scrape_lag(server) if alive else None
     lag_s, lag = None, "n/a"
     if before is not None and after is not None:
         lag_s, exact = after.since(before)
         lag = f"{lag_s:.3f}" if exact else f"<={lag_s:g}"
     row = Row(case.name, case.kind, outcome.status, outcome.seconds, worst, lag, alive, health,
-              provoked=outcome.ok is not None)
-    if outcome.ok is False:
-        row.failures.append(f"expected {case.expect}")
-    if outcome.seconds > ANSWER_WITHIN_S and not case.special:
-        row.failures.append(f"over {ANSWER_WITHIN_S:g} s")
-    if worst is None or worst > baseline_s + PROBE_SLACK_S:
-        row.failures.append("probe failed" if worst is None else "probe stalled")
-    if not alive:
-        row.failures.append(f"process died (exit {server.proc.returncode if server.proc else '?'})")
-    elif health != "200":
-        row.failures.append(f"/health {health}")
-    if lag_s is not None and lag_s > MAX_LOOP_LAG_S:
-        row.failures.append("loop lag")
-    if not alive or health != "200":
-        server.ensure()
+              provoked=outcome.ok is not None, probe_failed=probe_failed)
+    row.failures = _failures(case, outcome, row, baseline_s, lag_s, server)
+    if row.failures:
+        row.restarted = server.ensure(answer_within_s=baseline_s + PROBE_SLACK_S + 1.0)
     return row
 
 
+def _failures(case: Case, outcome: Outcome, row: Row, baseline_s: float, lag_s: float | None,
+              server: Server) -> list[str]:
+    failures = []
+    if outcome.ok is False:
+        failures.append(f"expected {case.expect}")
+    if outcome.seconds > ANSWER_WITHIN_S and not case.special:
+        failures.append(f"over {ANSWER_WITHIN_S:g} s")
+    if row.probe_failed:
+        failures.append(f"probe got {row.probe_failed}")
+    elif row.probe_s > baseline_s + PROBE_SLACK_S:
+        failures.append("probe stalled")
+    if not row.alive:
+        failures.append(f"process died (exit {server.proc.returncode if server.proc else '?'})")
+    elif row.health != "200":
+        failures.append(f"/health {row.health}")
+    if lag_s is not None and lag_s > MAX_LOOP_LAG_S:
+        failures.append("loop lag")
+    return failures
+
+
 def table(rows: list[Row], baseline_s: float, title: str) -> str:
-    head = (f"{'case':44} {'class':15} {'status':42} {'s':>6} {'probe s':>8} {'lag s':>8} alive  verdict")
+    head = (f"{'case':44} {'class':15} {'status':50} {'s':>6} {'probe s':>8} {'lag s':>8} alive  verdict")
     lines = [title, f"probe baseline (median of 6 normal 2-token requests): {baseline_s:.3f} s; targets: answered "
              f"<= {ANSWER_WITHIN_S:g} s, probe <= baseline + {PROBE_SLACK_S:g} s, alive, /health 200, loop lag "
-             f"<= {MAX_LOOP_LAG_S * 1e3:g} ms", "", head, "-" * len(head)]
+             f"<= {MAX_LOOP_LAG_S * 1e3:g} ms. probe s: '!' = a probe got no 200 (error, or 20 s timeout); '-' = "
+             "none ran beside it", "", head, "-" * len(head)]
     for r in rows:
-        probe = "failed" if r.probe_s is None else f"{r.probe_s:.2f}"
-        lines.append(f"{r.case[:44]:44} {r.kind[:15]:15} {r.status[:42]:42} {r.seconds:6.2f} {probe:>8} {r.lag:>8} "
+        probe = "-" if r.probe_s == 0 else f"{r.probe_s:.2f}{'!' if r.probe_failed else ''}"
+        lines.append(f"{r.case[:44]:44} {r.kind[:15]:15} {r.status[:50]:50} {r.seconds:6.2f} {probe:>8} {r.lag:>8} "
                      f"{'yes' if r.alive else 'NO':5}  {r.verdict}")
     failed = sum(bool(r.failures) for r in rows)
     lines += ["", f"{len(rows) - failed} of {len(rows)} cases held ({failed} failed, "

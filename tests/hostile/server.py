@@ -79,11 +79,20 @@ class Server:
         except httpx.HTTPError as err:
             return type(err).__name__
 
-    def ensure(self, recover_s: float = 20.0) -> bool:
-        """Healthy within `recover_s`, or killed and started again; True if it had to be restarted."""
+    def answers(self, within_s: float) -> bool:
+        """Whether a normal 2-token request comes back within `within_s`: the engine is free again."""
+        try:
+            return httpx.post(f"{self.base}/v1/completions", json=PROBE_BODY, headers=AUTH,
+                              timeout=within_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def ensure(self, recover_s: float = 15.0, answer_within_s: float | None = None) -> bool:
+        """Healthy (and answering a normal request within `answer_within_s`) within `recover_s`, or killed and
+        started again; True if it had to be restarted."""
         deadline = time.monotonic() + recover_s
         while self.alive() and time.monotonic() < deadline:
-            if self.healthy(2.0):
+            if self.healthy(2.0) and (answer_within_s is None or self.answers(answer_within_s)):
                 return False
             time.sleep(0.5)
         self.stop()
@@ -114,7 +123,11 @@ class Server:
 class ProbeShot:
     start: float
     end: float | None = None
-    ok: bool = False
+    status: str = ""  # the HTTP status, or the exception's name
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "200"
 
 
 @dataclass
@@ -141,10 +154,10 @@ class Probe:
                 shot = ProbeShot(time.monotonic())
                 self.shots.append(shot)
                 try:
-                    shot.ok = client.post(f"{self.server.base}/v1/completions", json=PROBE_BODY,
-                                          headers=AUTH).status_code == 200
-                except httpx.HTTPError:
-                    shot.ok = False
+                    shot.status = str(client.post(f"{self.server.base}/v1/completions", json=PROBE_BODY,
+                                                  headers=AUTH).status_code)
+                except httpx.HTTPError as err:
+                    shot.status = type(err).__name__
                 shot.end = time.monotonic()
                 self._stop.wait(max(0.0, PROBE_EVERY_S - (shot.end - shot.start)))
 
@@ -156,14 +169,14 @@ class Probe:
             time.sleep(0.05)
         return statistics.median(s.end - s.start for s in self.shots[first:] if s.end is not None)
 
-    def worst(self, t0: float, t1: float, wait_s: float = 20.0) -> float | None:
-        """The longest latency of a probe in flight during [t0, t1] (once those in flight have returned, up to
-        `wait_s`; one still out counts its time so far); None if one of them failed."""
+    def worst(self, t0: float, t1: float, wait_s: float = 15.0) -> tuple[float, str]:
+        """The longest latency of a probe in flight during [t0, t1], once those in flight have returned (up to
+        `wait_s`; one still out counts its time so far), and the first status other than 200 among them ("" if
+        none); (0, ""): none ran."""
         deadline = time.monotonic() + wait_s
         window = [s for s in list(self.shots) if s.start <= t1 and (s.end is None or s.end >= t0)]
         while any(s.end is None for s in window) and time.monotonic() < deadline:
             time.sleep(0.05)
         now = time.monotonic()
-        if any(s.end is not None and not s.ok for s in window):
-            return None
-        return max(((s.end or now) - s.start for s in window), default=0.0)
+        failed = next((s.status or "no answer" for s in window if not s.ok), "")
+        return max(((s.end or now) - s.start for s in window), default=0.0), failed

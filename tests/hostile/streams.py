@@ -3,6 +3,7 @@ that disconnect mid-request, and the LoRA load oracle. Each returns an Outcome f
 
 from __future__ import annotations
 
+import select
 import socket
 import tempfile
 import time
@@ -17,6 +18,7 @@ from tests.hostile.server import API_KEY, AUTH, Server
 
 STALL_WINDOW_S = 15.0  # how long a client that stopped reading is watched
 DISCONNECT_WINDOW_S = 8.0  # how long a request may go on after its client left
+START_WINDOW_S = 15.0  # how long a streamed or long request may take to hold its slots
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ def stalled_sse(server: Server, case: Case) -> Outcome:
     sock = raw_request(server, case, rcvbuf=4096)
     try:
         status = sock.recv(64).split(b" ")[1].decode()
+        if _wait_until(lambda: ours_running(server), START_WINDOW_S) is None:
+            return Outcome(f"{status}, never seen running", time.monotonic() - start, status[:1] == "4")
         queues: list[tuple[float, int | None]] = []
 
         def gone() -> bool:
@@ -87,16 +91,31 @@ def stalled_sse(server: Server, case: Case) -> Outcome:
         if dropped is not None:
             return Outcome(f"{status}, dropped after {dropped:.1f} s", time.monotonic() - start, True)
         recent = [q for t, q in queues if t >= queues[-1][0] - 3.0 and q is not None]
-        held = f"{status}, still decoding after {STALL_WINDOW_S:.0f} s, kernel queue {(recent or [0])[-1] // 1024} KB"
+        held = f"{status}, held {STALL_WINDOW_S:.0f} s, kernel queue {(recent or [0])[-1] // 1024} KB"
         if len(recent) > 2 and max(recent) == min(recent):
             return Outcome(held + " (full)", time.monotonic() - start, False)
-        return Outcome(held + " (still filling: not provoked)", time.monotonic() - start, None)
+        return Outcome(held + " and filling", time.monotonic() - start, None)
     finally:
         sock.close()
 
 
+def _answered(sock: socket.socket) -> bool:
+    """Whether the server has written to `sock` (or closed it): a request refused before it ran."""
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+def _status_now(sock: socket.socket) -> str:
+    """The status the server has answered on `sock`, if it has."""
+    sock.settimeout(2)
+    try:
+        return sock.recv(64)[9:12].decode(errors="replace") or "closed"
+    except OSError:
+        return "no answer"
+
+
 def disconnect(server: Server, case: Case, after_first_event: bool) -> Outcome:
-    """The client leaves after the first streamed event, or 0.5 s into the request; the request must stop."""
+    """The client leaves after the first streamed event, or once the request holds its slots (while it prefills);
+    the request must stop. One refused (4xx) before it ever ran is fine too."""
     start = time.monotonic()
     sock = raw_request(server, case)
     try:
@@ -107,8 +126,9 @@ def disconnect(server: Server, case: Case, after_first_event: bool) -> Outcome:
                 if not chunk:
                     break
                 seen += chunk
-        else:
-            time.sleep(0.5)
+        elif _wait_until(lambda: _answered(sock) or ours_running(server), START_WINDOW_S) is None or _answered(sock):
+            status = _status_now(sock)
+            return Outcome(f"never seen running: {status}", time.monotonic() - start, status[:1] == "4")
     finally:
         sock.close()
     left = time.monotonic()

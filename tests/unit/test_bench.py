@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -14,6 +17,7 @@ import pytest
 from cobali import cli
 from cobali.backends.fake import FakeBackend
 from cobali.bench import cli as bench_cli
+from cobali.bench import plots
 from cobali.bench.offline import LoadOptions, parse_configs, run_open_loop, sweep_configs
 from cobali.bench.report import gaps_ms
 from cobali.costs import CostProfile
@@ -263,3 +267,23 @@ def test_engine_flags_reach_every_bench_config() -> None:
         assert (engine_config.policy, engine_config.kv_admission, engine_config.prefix_cache) == (
             "prefill-first", "reserve", False)
         assert engine_config.max_slots == 4 and engine_config.n_batch == 64
+
+
+def test_without_matplotlib_bench_names_the_plot_extra_and_still_writes_the_data(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib is the optional extra `plot`: a slim install benchmarks, says what to install, draws nothing."""
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "matplotlib" else real_find_spec(name, *args))
+    stdout = run_cli(["bench", "--random-input-len", "8", "--num-prompts", "3", "--max-new", "2",
+                      "--configs", "cont", "--out", str(tmp_path)])
+    assert "cobali bench: no plots: matplotlib is not installed" in capsys.readouterr().err
+    assert "pip install 'cobali[plot]'" in plots.MISSING
+    assert (tmp_path / "summary.json").exists() and list(tmp_path.glob("*.png")) == []
+    assert f"wrote 3 files to {tmp_path}" in stdout
+
+
+def test_the_command_line_loads_no_plotting_library() -> None:
+    done = subprocess.run([sys.executable, "-c", "import sys, cobali.cli; print('matplotlib' in sys.modules)"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from cobali import cli, options
@@ -64,3 +67,37 @@ def test_the_host_cache_defaults_to_8_gib_and_at_most_a_quarter_of_memory(monkey
     assert options.default_host_cache_mib() == 1024, "4 GiB of memory"
     pages["SC_PHYS_PAGES"] = 64 * 2**30 // 4096
     assert options.default_host_cache_mib() == 8192, "64 GiB"
+
+
+def test_help_never_asks_the_os_for_its_memory(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Windows has no os.sysconf: building the parser must not call it, and the default must not need it."""
+    monkeypatch.delattr(options.os, "sysconf", raising=False)
+    for argv in (["--help"], ["serve", "--help"], ["bench", "--help"], ["run", "--help"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        assert exit_info.value.code == 0, argv
+    assert "--host-cache-mib" in capsys.readouterr().out
+    assert options.default_host_cache_mib() == 8192, "llama-server's default where the memory is unknown"
+
+
+def test_the_help_runs_without_what_windows_lacks() -> None:
+    """No `resource` module and no os.sysconf, as on Windows: importing cobali and printing the help still work."""
+    script = ("import os, sys; sys.modules['resource'] = None; del os.sysconf\n"
+              "from cobali import cli\n"
+              "for argv in (['--help'], ['serve', '--help'], ['bench', '--help']):\n"
+              "    try:\n"
+              "        cli.main(argv)\n"
+              "    except SystemExit as done:\n"
+              "        assert done.code == 0, argv\n"
+              "print(cli.__name__, 'ok')")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.endswith("cobali.cli ok\n"), done.stderr[-3000:]
+
+
+def test_the_host_cache_default_is_resolved_when_the_engine_is_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(options, "default_host_cache_mib", lambda: 1234)
+    parser = cli.build_parser()
+    assert options.engine_config(parser.parse_args(["run", "--prompts", "x.txt"])).host_cache_mib == 1234
+    given = parser.parse_args(["run", "--prompts", "x.txt", "--host-cache-mib", "0"])
+    assert options.engine_config(given).host_cache_mib == 0

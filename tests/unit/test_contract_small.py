@@ -104,7 +104,7 @@ def test_a_batch_line_with_a_lone_surrogate_is_its_400_or_refused_before_the_bat
 
 @pytest.mark.parametrize("api_key", [None, KEY])
 def test_the_docs_need_the_api_key_when_there_is_one(api_key: str | None) -> None:
-    with TestClient(create_app(fake_engine(), "m", api_key=api_key)) as client:
+    with TestClient(create_app(fake_engine(), "m", api_keys=(api_key,) if api_key else ())) as client:
         wait_healthy(client)  # /health stays open
         for path in ("/docs", "/redoc", "/openapi.json"):
             bare, wrong = client.get(path), client.get(path, headers={"Authorization": "Bearer nope"})

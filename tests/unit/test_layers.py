@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cobali"
 # Top down. A module may import its own package and anything in a lower layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # the console script: one subcommand per face
+    ("settings",),  # every flag also from the environment and a config file (pydantic-settings)
     ("ray",),  # scale-out of the serve and batch faces
     ("run", "calibrate", "bench", "server", "batch", "sim", "synth", "synth_lora"),  # the faces
     ("options",),  # flags shared by the faces, and the typed configs built from them

@@ -44,7 +44,7 @@ def replica_app(api_key: str | None = None) -> FastAPI:
     def engine() -> Engine:
         return Engine(FakeBackend(n_seq_max=4, n_ctx_seq=256, n_batch=64), EngineConfig(max_slots=4, n_batch=64))
 
-    return create_app(engine, "fake-model", api_key=api_key)
+    return create_app(engine, "fake-model", api_keys=(api_key,) if api_key else ())
 
 
 async def with_gateway(test: Callable[[httpx.AsyncClient], Awaitable[None]], n: int = 2,

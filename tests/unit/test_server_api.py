@@ -263,7 +263,7 @@ def test_metrics_show_the_learned_tick_costs_under_an_itl_target() -> None:
 
 
 def test_api_key_is_required_on_the_api_but_not_on_probes() -> None:
-    with TestClient(create_app(fake_engine(), "m", api_key="sekret")) as client:
+    with TestClient(create_app(fake_engine(), "m", api_keys=("sekret",))) as client:
         wait_healthy(client)
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
             response = client.post("/v1/completions", json={"prompt": "x"}, headers=headers)

@@ -22,6 +22,9 @@ from tests.unit.test_server_api import N_CTX_SEQ, fake_engine, wait_healthy
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
 GBNF = 'root ::= "a"'
+DEEP: dict = {"type": "integer"}
+for _ in range(300):
+    DEEP = {"type": "array", "items": DEEP}
 
 
 def grammar_of(**fields) -> str | None:
@@ -75,6 +78,7 @@ def api() -> Iterator[TestClient]:
     ({"json_schema": {"type": "array", "uniqueItems": True}}, "uniqueItems"),  # llguidance cannot hold it
     ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 4}}, "minimum"),
     ({"guided_json": {"$ref": "#"}}, "allows no output"),
+    ({"json_schema": DEEP}, "nests deeper than 64 levels"),  # a 400, not a RecursionError's 500
     ({"guided_json": False}, "allows no output"),
     ({"grammar": "  "}, "grammar is empty"),
     ({"grammar": 'root ::= "a" ('}, "grammar is not a valid GBNF or Lark grammar"),
@@ -83,7 +87,7 @@ def api() -> Iterator[TestClient]:
     ({"guided_choice": "yes"}, "guided_choice"),
     ({"guided_choice": ["a"], "ignore_eos": True}, "ignore_eos cannot be combined with a grammar"),
     ({"guided_regex": "a", "min_tokens": 1}, "min_tokens cannot be combined with a grammar"),
-], ids=str)
+], ids=lambda value: str(value)[:60])
 def test_conflicting_or_unsupported_constraints_are_a_400(api: TestClient, fields: dict, message: str) -> None:
     response = api.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, **fields})
     assert response.status_code == 400, response.text

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import os
+import warnings
 
 import llama_cpp as ll
 import numpy as np
@@ -15,26 +17,35 @@ from cobali.backends.base import BackendInfo, BatchArrays, EmbeddingLimits, Samp
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
 from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
+from cobali.backends.llama_cpp.devices import build_kind
 from cobali.backends.llama_cpp.embedder import EMBEDDING_CTX, EMBEDDING_SEQS, Embedder
 from cobali.backends.llama_cpp.kv_size import kv_bytes_per_token
+from cobali.backends.llama_cpp.loading import KvPlan, load_line, load_model, model_desc, new_context, plan_kv
 from cobali.backends.llama_cpp.sampler import LlamaCppSampler
-from cobali.backends.llama_cpp.tools import silence_logs
+from cobali.backends.llama_cpp.tools import llama_logs
 from cobali.backends.llama_cpp_config import PREFILL_TILE, LlamaCppConfig
+from cobali.backends.memory import gpu_present
+
+log = logging.getLogger("cobali.backend")
 
 
 class LlamaCppBackend:
     def __init__(self, options: LlamaCppConfig) -> None:
         model_path = options.model_path or embedded_model_path()
-        if not os.path.isfile(model_path):
-            raise ValueError(f"model file not found: {model_path}")
-        if not options.verbose:
-            silence_logs()
+        logs = llama_logs(options.verbose)  # kept to say why a load failed; on stderr too with --verbose
+        mark = logs.count
         ll.llama_backend_init()
         self.options = options
-        self.model = self._load_model(model_path, options)
+        self.model = load_model(model_path, options)
         self.vocab = ll.llama_model_get_vocab(self.model)
-        self.ctx = self._new_context(options)
+        try:
+            plan = plan_kv(self.model, options)
+            self.ctx = new_context(self.model, options, plan)
+        except ValueError:
+            ll.llama_model_free(self.model)
+            raise
         self.memory = ll.llama_get_memory(self.ctx)
+        self._log_load(plan, logs.since(mark))
         n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.info = BackendInfo(
             n_vocab=n_vocab,
@@ -45,7 +56,7 @@ class LlamaCppBackend:
             kv_unified=options.kv_unified,
             description=self._describe(options),
             prefill_tile=PREFILL_TILE,
-            kv_bytes_per_token=kv_bytes_per_token(self.model),
+            kv_bytes_per_token=kv_bytes_per_token(self.model, options),
             # llama.cpp counts the outputs of sequences it samples itself only
             max_outputs_per_seq=options.max_outputs_per_seq if options.backend_sampling else 0,
             n_loras=len(options.lora_paths),
@@ -60,39 +71,18 @@ class LlamaCppBackend:
         self._last_logits = np.zeros((0, n_vocab), dtype=np.float32)  # the last decode's output rows
         self._embedder: Embedder | None = None
 
-    @staticmethod
-    def _load_model(model_path: str, options: LlamaCppConfig):
-        params = ll.llama_model_default_params()
-        gpu = options.n_gpu_layers
-        params.n_gpu_layers = (999 if ll.llama_supports_gpu_offload() else 0) if gpu < 0 else gpu
-        params.use_extra_bufts = options.use_extra_bufts
-        model = ll.llama_model_load_from_file(model_path.encode(), params)
-        if not model:
-            raise ValueError(f"could not load a GGUF model from {model_path}")
-        return model
-
-    def _new_context(self, options: LlamaCppConfig):
-        params = ll.llama_context_default_params()
-        n_ctx = options.total_cells(ll.llama_model_n_ctx_train(self.model))
-        threads = options.n_threads or os.cpu_count() or 1
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = options.n_batch  # one decode = one compute graph
-        params.n_seq_max = options.n_seq_max
-        params.n_threads = params.n_threads_batch = threads
-        params.kv_unified = options.kv_unified
-        params.n_outputs_max_per_seq = options.max_outputs_per_seq
-        params.no_perf = True
-        ctx = ll.llama_init_from_model(self.model, params)
-        if not ctx:
-            raise ValueError(f"could not create a llama.cpp context (n_ctx={n_ctx}, n_seq_max={options.n_seq_max})")
-        return ctx
+    def _log_load(self, plan: KvPlan, lines: list[tuple[int, str]]) -> None:
+        log.info("%s", load_line(self.model, self.ctx, self.options, plan, lines, build_kind()))
+        if not ll.llama_supports_gpu_offload() and (gpu := gpu_present()):
+            log.warning("this machine has a GPU (%s) but this llama.cpp build is CPU-only: everything runs on the "
+                        "CPU. Rebuild llama-cpp-python for it, e.g. CMAKE_ARGS=\"-DGGML_CUDA=on\" make install", gpu)
 
     def _describe(self, options: LlamaCppConfig) -> str:
-        buf = ctypes.create_string_buffer(256)
-        ll.llama_model_desc(self.model, buf, len(buf))
         kv = "unified" if options.kv_unified else "per-sequence streams"
+        if (options.cache_type_k, options.cache_type_v) != ("f16", "f16"):  # a cost profile's device changes with it
+            kv += f" {options.cache_type_k}/{options.cache_type_v}"
         greedy = ", greedy tokens picked in the graph" if options.backend_sampling else ""
-        return f"{buf.value.decode(errors='replace')}, {self.info_threads()} threads, KV {kv}{greedy}"
+        return f"{model_desc(self.model)}, {self.info_threads()} threads, KV {kv}{greedy}"
 
     def info_threads(self) -> int:
         return ll.llama_n_threads(self.ctx)
@@ -255,8 +245,10 @@ class LlamaCppBackend:
 
     def guidance_tokenizer(self) -> LLTokenizer:
         """Every end-of-generation token ends a constrained output, as it ends any other."""
-        return lltokenizer_from_vocab(self.vocab, n_vocab=self.info.n_vocab,
-                                      eos_token=np.flatnonzero(self.eog_mask()).tolist())
+        with warnings.catch_warnings():  # it calls a deprecated binding once per token: tens of thousands of warnings
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return lltokenizer_from_vocab(self.vocab, n_vocab=self.info.n_vocab,
+                                          eos_token=np.flatnonzero(self.eog_mask()).tolist())
 
     def close(self) -> None:
         if self._embedder is not None:

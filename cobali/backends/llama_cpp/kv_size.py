@@ -6,6 +6,11 @@ import ctypes
 
 import llama_cpp as ll
 
+from cobali.backends.llama_cpp_config import LlamaCppConfig
+
+# What llama.cpp's state format writes per cell beside its K and V rows: its position and one sequence id.
+STATE_CELL_HEADER = 12
+
 
 def meta_str(model, key: str) -> str | None:
     """A GGUF metadata value as llama.cpp prints it, or None where the model has no such key."""
@@ -32,8 +37,15 @@ def head_sizes(model) -> tuple[int, int]:
     return k_size, int(v) if v else k_size  # llama.cpp's value length defaults to the key length
 
 
-def kv_bytes_per_token(model) -> int:
-    """K and V rows of every layer in f16 (the context's default cache type), and the cell's position and
-    sequence id: SmolLM2-135M saves 23052 bytes a token, as llama_state_seq_get_size reports."""
+def kv_cell_bytes(model, options: LlamaCppConfig) -> int:
+    """One KV cell's K and V rows over every layer, in the context's cache types (f16: 23040 bytes for
+    SmolLM2-135M, as llama.cpp's KV buffer size says)."""
     k_size, v_size = head_sizes(model)
-    return ll.llama_model_n_layer(model) * ll.llama_model_n_head_kv(model) * (k_size + v_size) * 2 + 12
+    n_head_kv = ll.llama_model_n_head_kv(model)
+    return options.kv_row_bytes(ll.llama_model_n_layer(model), n_head_kv * k_size, n_head_kv * v_size)
+
+
+def kv_bytes_per_token(model, options: LlamaCppConfig) -> int:
+    """What one token of a sequence takes when it is saved: its cell's rows, position and sequence id (SmolLM2-135M
+    in f16: 23052 bytes, as llama_state_seq_get_size reports)."""
+    return kv_cell_bytes(model, options) + STATE_CELL_HEADER

@@ -1,0 +1,194 @@
+"""Loading a GGUF model and making its context: the memory they take, errors that say why they failed, and
+the line that says what was loaded."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from dataclasses import dataclass
+
+import llama_cpp as ll
+
+from cobali.backends.llama_cpp.devices import accelerators
+from cobali.backends.llama_cpp.kv_size import kv_cell_bytes
+from cobali.backends.llama_cpp.tools import GGML_LOG_LEVEL_ERROR, llama_logs
+from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.memory import fit_cells, fmt_bytes, host_available
+
+FLASH_ATTN_TYPES = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                    "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+KV_FIXES = "lower --ctx or --max-slots, quantize the cache (--cache-type-k/-v q8_0), or let --fit size it"
+
+
+def ggml_type(name: str) -> int:
+    return getattr(ll, f"GGML_TYPE_{name.upper()}", None) or {"bf16": 30}[name]  # the bindings lack BF16
+
+
+def llama_said(lines: list[tuple[int, str]], most: int = 3) -> str:
+    """llama.cpp's last error lines, as one string ('' when it logged none)."""
+    errors = [text.strip() for level, text in lines
+              if text.strip() and (level == GGML_LOG_LEVEL_ERROR or re.search(r"error|failed", text, re.I))]
+    return " | ".join(dict.fromkeys(errors[-most:]))
+
+
+def check_gguf(path: str) -> None:
+    """Refuse what llama.cpp would fail on without saying why: no file, or a file that is not a GGUF."""
+    if not os.path.isfile(path):
+        raise ValueError(f"model file not found: {path}")
+    with open(path, "rb") as file:
+        magic = file.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): llama.cpp loads GGUF "
+                         "only (convert a Hugging Face checkpoint with llama.cpp's convert_hf_to_gguf.py)")
+
+
+def gguf_architecture(path: str) -> str | None:
+    """general.architecture from the file's header, read with the `gguf` package (None if unreadable)."""
+    try:
+        import gguf  # a few seconds on a large model: only on the way to an error
+
+        return str(gguf.GGUFReader(path).fields["general.architecture"].contents())
+    except Exception:  # a damaged header is what the caller reports
+        return None
+
+
+def load_model(path: str, options: LlamaCppConfig):
+    check_gguf(path)
+    params = ll.llama_model_default_params()
+    gpu = options.n_gpu_layers
+    params.n_gpu_layers = (999 if ll.llama_supports_gpu_offload() else 0) if gpu < 0 else gpu
+    params.use_extra_bufts = options.use_extra_bufts
+    logs = llama_logs(options.verbose)
+    mark = logs.count
+    model = ll.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        raise ValueError(load_failure(path, logs.since(mark)))
+    return model
+
+
+def load_failure(path: str, lines: list[tuple[int, str]]) -> str:
+    said = llama_said(lines)
+    arch = gguf_architecture(path)
+    version = f"llama.cpp {ll.llama_version().decode()} (llama-cpp-python {ll.__version__})"
+    if arch is None:
+        why = "its GGUF header cannot be read: the file is damaged or cut short"
+    elif "unknown model architecture" in said:
+        why = f"its architecture {arch!r} is unknown to {version}: a newer llama-cpp-python may know it"
+    else:
+        size, available = os.path.getsize(path), host_available()
+        short = available is not None and size > available
+        why = (f"its weights take {fmt_bytes(size)} and {fmt_bytes(available)} of memory is available" if short
+               else f"architecture {arch!r}, {fmt_bytes(size)}")
+    return f"could not load a GGUF model from {path}: {why}" + (f" (llama.cpp: {said})" if said else "")
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    """The context about to be made: its cells, what a cell takes, and the memory it goes to."""
+
+    n_ctx: int
+    cell_bytes: int
+    place: str  # "host memory" or the GPUs' names
+    free: int | None  # bytes free there; None where unknown
+    fits: int = 0  # the cells --fit makes (or would make) of that
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.n_ctx * self.cell_bytes
+
+    def describe(self, options: LlamaCppConfig) -> str:
+        return (f"n_ctx={self.n_ctx} cells for {options.n_seq_max} slots, K cache {options.cache_type_k}, "
+                f"V cache {options.cache_type_v}, flash attention {options.flash_attn}: KV ~{fmt_bytes(self.kv_bytes)}"
+                + (f", {fmt_bytes(self.free)} free in {self.place}" if self.free is not None else ""))
+
+
+def plan_kv(model, options: LlamaCppConfig) -> KvPlan:
+    """The cells to make (--ctx, its default, or what --fit leaves room for) and where they go: a GPU build with
+    layers offloaded keeps them in device memory (already net of the weights there), else in host memory."""
+    cell = kv_cell_bytes(model, options)
+    n_ctx_train = ll.llama_model_n_ctx_train(model)
+    gpus = accelerators() if ll.llama_supports_gpu_offload() and options.n_gpu_layers != 0 else []
+    if gpus:
+        place, free, reserved = ", ".join(d.name for d in gpus), sum(d.free for d in gpus), 0
+    else:
+        place, free, reserved = "host memory", host_available(), ll.llama_model_size(model)
+    n_ctx = options.total_cells(n_ctx_train)
+    if free is None:
+        return KvPlan(n_ctx, cell, place, free)
+    reserved += 2 * options.n_batch * ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model)) * 4  # logits
+    wanted = options.n_ctx or n_ctx_train * options.n_seq_max
+    fits = fit_cells(free, reserved, cell, wanted, 1 if options.kv_unified else options.n_seq_max)
+    if options.fit and fits == 0:
+        raise ValueError(f"--fit: no context fits: {fmt_bytes(free)} free in {place}, {fmt_bytes(reserved)} taken "
+                         f"by the weights and compute buffers, {fmt_bytes(cell)} a KV cell; lower --max-slots or "
+                         "quantize the cache (--cache-type-k/-v q8_0)")
+    return KvPlan(fits if options.fit else n_ctx, cell, place, free, fits)
+
+
+def new_context(model, options: LlamaCppConfig, plan: KvPlan):
+    if plan.free is not None and plan.kv_bytes > plan.free:
+        # llama.cpp clears the whole cache when it makes it: past the memory there is, the process is killed.
+        raise ValueError(f"the KV cache does not fit: {plan.describe(options)}; {KV_FIXES}")
+    params = ll.llama_context_default_params()
+    threads = options.n_threads or os.cpu_count() or 1
+    params.n_ctx = plan.n_ctx
+    params.n_batch = params.n_ubatch = options.n_batch  # one decode = one compute graph
+    params.n_seq_max = options.n_seq_max
+    params.n_threads = params.n_threads_batch = threads
+    params.kv_unified = options.kv_unified
+    params.n_outputs_max_per_seq = options.max_outputs_per_seq
+    params.type_k, params.type_v = ggml_type(options.cache_type_k), ggml_type(options.cache_type_v)
+    params.flash_attn_type = FLASH_ATTN_TYPES[options.flash_attn]
+    params.no_perf = True
+    logs = llama_logs(options.verbose)
+    mark = logs.count
+    ctx = ll.llama_init_from_model(model, params)
+    if not ctx:
+        said = llama_said(logs.since(mark))
+        raise ValueError(f"could not create a llama.cpp context ({plan.describe(options)})"
+                         + (f": llama.cpp: {said}" if said else f"; {KV_FIXES}"))
+    return ctx
+
+
+def flash_attention(lines: list[tuple[int, str]], asked: str) -> str:
+    """What llama.cpp made of --flash-attn, from the lines it logged while making the context."""
+    text = "\n".join(t for _, t in lines)
+    found = re.findall(r"flash.?att(?:n|ention)\w*\b[^\n]*?\b(enabled|disabled)\b", text, re.I)
+    return found[-1].lower() if found else asked
+
+
+def offloaded_layers(model, options: LlamaCppConfig, lines: list[tuple[int, str]]) -> tuple[int, int]:
+    """(layers offloaded, of all): llama.cpp's own count where it logged one, else what was asked of it."""
+    for _, text in reversed(lines):
+        found = re.search(r"offloaded (\d+)/(\d+) layers", text)
+        if found:
+            return int(found[1]), int(found[2])
+    total = ll.llama_model_n_layer(model) + 1  # llama.cpp counts the output layer as one more
+    if not ll.llama_supports_gpu_offload() or not accelerators():
+        return 0, total
+    return (total if options.n_gpu_layers < 0 else min(options.n_gpu_layers, total)), total
+
+
+def model_desc(model) -> str:
+    buf = ctypes.create_string_buffer(256)
+    ll.llama_model_desc(model, buf, len(buf))
+    return buf.value.decode(errors="replace")
+
+
+def load_line(model, ctx, options: LlamaCppConfig, plan: KvPlan, lines: list[tuple[int, str]], build: str) -> str:
+    """What was loaded, where, and what it takes: the one line every face logs at load."""
+    done, total = offloaded_layers(model, options, lines)
+    n_ctx, per_slot, slots = ll.llama_n_ctx(ctx), ll.llama_n_ctx_seq(ctx), ll.llama_n_seq_max(ctx)
+    layout = "one pool any slot may fill" if options.kv_unified else "a stream per slot"
+    line = (f"loaded {model_desc(model)} ({build}): {done}/{total} layers offloaded to a GPU, weights "
+            f"{fmt_bytes(ll.llama_model_size(model))}, KV {fmt_bytes(n_ctx * plan.cell_bytes)} ({n_ctx} cells x "
+            f"{plan.cell_bytes} B, K {options.cache_type_k} / V {options.cache_type_v}, {layout}), "
+            f"{per_slot} tokens of context per slot x {slots} slots, flash attention "
+            f"{flash_attention(lines, options.flash_attn)}")
+    if per_slot > (n_ctx_train := ll.llama_model_n_ctx_train(model)):
+        line += f" (past the model's training context of {n_ctx_train}: expect worse text there)"
+    if plan.free is not None:
+        fit = "--fit made" if options.fit else "--fit would make"
+        line += f"; {fmt_bytes(plan.free)} free in {plan.place} ({fit} {plan.fits} cells)"
+    return line
