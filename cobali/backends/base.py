@@ -128,6 +128,9 @@ class BackendInfo:
     # Most output rows one sequence may have in a decode (speculative decoding feeds 1 + its guesses); 0: any.
     max_outputs_per_seq: int = 0
     n_loras: int = 0  # LoRA adapters loaded with the model: indices 1..n_loras (more may come: Backend.load_lora)
+    # Bytes of the vocabulary's longest token (0: unknown): a text of more characters than the context's tokens
+    # times this cannot fit, and is refused before it is tokenized.
+    max_token_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -78,11 +78,20 @@ class Engine(Driving):
         self._batch = backend.batch_arrays()  # filled in place: decode reads these very arrays
         self._pipeline = Pipeline(self) if config.async_scheduling else None
 
-    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
-        tokens = self.backend.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    def tokenize_prompt(self, prompt: str | list[int], keep: int | None = None) -> list[int]:
+        """keep: only the last `keep` tokens (vLLM's truncate_prompt_tokens)."""
+        limit = self.slots.accountant.seq_limit
+        if isinstance(prompt, str):  # one that cannot fit is not tokenized: the cost grows with the text
+            most = ((keep + 1) if keep else limit) * self.backend.info.max_token_bytes
+            if keep is None and most and len(prompt) > most:
+                raise ValueError(f"prompt has over {limit} tokens ({len(prompt)} characters); the context holds "
+                                 f"{limit} per request ({self.slots.accountant.context_hint()})")
+            tokens = self.backend.tokenize(prompt[-most:] if most else prompt)
+        else:
+            tokens = list(prompt)
+        tokens = tokens if keep is None else tokens[-keep:]
         if not tokens:
             raise ValueError("prompt is empty")
-        limit = self.slots.accountant.seq_limit
         if len(tokens) >= limit:
             raise ValueError(f"prompt has {len(tokens)} tokens; the context holds {limit} per request "
                              f"({self.slots.accountant.context_hint()})")

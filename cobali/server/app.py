@@ -22,6 +22,7 @@ from cobali.server.errors import APIError, install_error_handlers, unavailable, 
 from cobali.server.generation import EngineUnavailable, GenerationError
 from cobali.server.limits import BodyLimit
 from cobali.server.metrics import ServerMetrics
+from cobali.server.parse import document_bodies
 from cobali.server.request_limits import OverLimit, PreprocessLimits, RequestLimits
 from cobali.server.state import LoraNames, ServerContext
 from cobali.server.work_pool import WorkPool
@@ -195,4 +196,5 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
     app.include_router(docs)
     for routes in (openai_routes, chat, embeddings, responses, tokenizer_routes, *[lora_routes] * runtime_lora):
         app.include_router(routes.router, dependencies=[Depends(require_api_key)])
+    document_bodies(app)  # the routes parse their own bodies (parse.py): their schemas are added here
     return app

@@ -14,7 +14,16 @@ from cobali.server.chat_schemas import ChatCompletionRequest
 from cobali.server.chat_template import ChatPrompter
 from cobali.server.disconnect import cancelled_on_disconnect
 from cobali.server.errors import bad_request
-from cobali.server.openai_routes import Choices, build_choices, generate, preprocessed, served_engine, tokenize
+from cobali.server.openai_routes import (
+    Choices,
+    build_choices,
+    generate,
+    generation_body,
+    preprocessed,
+    served_engine,
+    tokenize,
+)
+from cobali.server.parse import json_body
 from cobali.server.replies import CHAT
 from cobali.server.state import ServerContext
 
@@ -49,9 +58,10 @@ def chat_prompt(http: Request, engine: Engine, body: ChatCompletionRequest) -> l
     return tokenize(engine, chat_prompt_text(http, engine, messages, tools), "messages", body.truncate_prompt_tokens)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 @cancelled_on_disconnect
-async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
+async def chat_completions(http: Request) -> Response:
+    body = await generation_body(http, ChatCompletionRequest)
     engine = served_engine(http, body.model)
     kind = dataclasses.replace(CHAT, tool_names=frozenset(t.function.name for t in body.active_tools))
     prepared = await preprocessed(http, engine, body, 1, functools.partial(chat_choices, http, engine, body))

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from cobali.server.request_limits import PreprocessLimits, RequestLimits
 from cobali.structured.limits import GrammarLimits
 
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# A body is parsed in one call that holds the GIL: this bounds how long the event loop can wait for it.
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_SEND_TIMEOUT_S = 30.0
 DEFAULT_MAX_STREAM_BUFFER_CHARS = 1024 * 1024
 

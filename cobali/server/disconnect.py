@@ -79,6 +79,7 @@ def cancelled_on_disconnect(handler: Callable[P, Awaitable[Response]]) -> Callab
     @functools.wraps(handler)  # FastAPI reads the handler's signature through __wrapped__
     async def guarded(*args: P.args, **kwargs: P.kwargs) -> Response:
         http = next(value for value in kwargs.values() if isinstance(value, Request))
+        await http.body()  # kept by the Request for the handler's parse_body: the watcher must not take it
         watch, task = client_watch(http), asyncio.current_task()
         assert task is not None
         cancelled = False

@@ -19,6 +19,7 @@ from cobali.engine.engine import Engine
 from cobali.server.bodies import RequestBody, one_of, text_batch
 from cobali.server.errors import bad_request
 from cobali.server.openai_routes import served_engine
+from cobali.server.parse import json_body, parse_body
 from cobali.server.state import ServerContext
 from cobali.server.unknown_fields import ignored_fields_headers
 from cobali.server.work_pool import client_of
@@ -65,8 +66,9 @@ def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:
     return vector.tolist()
 
 
-@router.post("/v1/embeddings")
-async def embeddings(body: EmbeddingRequest, http: Request) -> JSONResponse:
+@router.post("/v1/embeddings", openapi_extra=json_body(EmbeddingRequest))
+async def embeddings(http: Request) -> JSONResponse:
+    body = await parse_body(http, EmbeddingRequest)
     server: ServerContext = http.app.state.server
     engine = served_engine(http, body.model)
     limits = engine.backend.embedding_limits

@@ -7,6 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("cobali.server")
@@ -46,8 +47,9 @@ def unavailable(message: str) -> APIError:
     return APIError(503, message, type_="server_error", code="service_unavailable")
 
 
-def validation_error(err: RequestValidationError) -> APIError:
-    """Pydantic's first complaint, named by its field path (without FastAPI's leading 'body')."""
+def validation_error(err: RequestValidationError | ValidationError) -> APIError:
+    """Pydantic's first complaint, named by its field path (without FastAPI's leading 'body'); FastAPI's
+    validation of a parameter, or a body's own (parse.py)."""
     errors = err.errors()
     if not errors:
         return bad_request("invalid request body")

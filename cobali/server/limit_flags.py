@@ -13,7 +13,8 @@ from cobali.structured.limits import GrammarLimits
 _HELP = {
     "max_choices": "choices per request (prompts x n); each holds a slot",
     "max_logprobs": "alternatives per token for logprobs, top_logprobs and prompt_logprobs (vLLM's flag)",
-    "max_prompt_logprobs": "prompt logprob entries one reply may hold: prompt tokens x (k + 1) x choices",
+    "max_prompt_logprobs": "prompt positions whose logprobs one request asks: prompt tokens x choices (each a full "
+                           "logits row)",
     "max_stop_strings": "stop strings per request; each is looked for in every token's text",
     "max_stop_string_chars": "characters of one stop string",
     "max_tools": "tools per request",

@@ -1,4 +1,4 @@
-"""A cap on request body size, enforced before FastAPI reads (and JSON-parses) the body.
+"""A cap on request body size, enforced before a route reads (and JSON-parses) the body.
 
 Without it a client could send hundreds of megabytes of prompt: the server would hold it, parse it and
 tokenize it on the event loop before the context check rejected it. Checked twice: a declared

@@ -18,6 +18,7 @@ from pydantic import Field
 from cobali.engine.adapters import AdapterLimit
 from cobali.server.bodies import RequestBody
 from cobali.server.errors import APIError, bad_request
+from cobali.server.parse import json_body, parse_body
 from cobali.server.state import ServerContext
 
 router = APIRouter()
@@ -34,8 +35,9 @@ class UnloadLoraBody(RequestBody):
     lora_int_id: int | None = None  # vLLM's; the name decides here
 
 
-@router.post("/v1/load_lora_adapter")
-async def load_lora_adapter(body: LoadLoraBody, http: Request) -> PlainTextResponse:
+@router.post("/v1/load_lora_adapter", openapi_extra=json_body(LoadLoraBody))
+async def load_lora_adapter(http: Request) -> PlainTextResponse:
+    body = await parse_body(http, LoadLoraBody)
     server: ServerContext = http.app.state.server
     name, loras = body.lora_name, server.loras
     if server.serves(name) or name in loras.reserved:
@@ -55,8 +57,9 @@ async def load_lora_adapter(body: LoadLoraBody, http: Request) -> PlainTextRespo
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
-@router.post("/v1/unload_lora_adapter")
-async def unload_lora_adapter(body: UnloadLoraBody, http: Request) -> PlainTextResponse:
+@router.post("/v1/unload_lora_adapter", openapi_extra=json_body(UnloadLoraBody))
+async def unload_lora_adapter(http: Request) -> PlainTextResponse:
+    body = await parse_body(http, UnloadLoraBody)
     server: ServerContext = http.app.state.server
     index = server.loras.index.get(body.lora_name)
     if index is None:

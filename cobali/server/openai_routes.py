@@ -12,10 +12,12 @@ from fastapi.responses import JSONResponse, Response
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.server.disconnect import cancelled_on_disconnect, client_watch
+from cobali.server.engine_thread import EngineState
 from cobali.server.errors import bad_request, unknown_model
 from cobali.server.event_stream import EventStream
 from cobali.server.generation import Generation, GenerationError
 from cobali.server.logprobs import LogprobWriter, prompt_logprobs
+from cobali.server.parse import json_body, parse_body
 from cobali.server.replies import COMPLETION, Kind, Reply, sse
 from cobali.server.request_limits import RequestLimits, check_prompt_logprobs, check_request
 from cobali.server.schemas import CompletionRequest, GenerationRequest, ModelLimits
@@ -24,6 +26,7 @@ from cobali.server.unknown_fields import ignored_fields_headers
 from cobali.server.work_pool import client_of
 
 T = TypeVar("T")
+G = TypeVar("G", bound=GenerationRequest)
 Choices = list[tuple[list[int], SamplingParams]]  # one (prompt tokens, params) per engine request
 
 router = APIRouter()
@@ -50,10 +53,7 @@ def tokenize(engine: Engine, prompt: str | list[int], param: str, keep: int | No
         raise bad_request(f"truncate_prompt_tokens value ({keep}) is greater than max_model_len ({limit}). "
                           "Please, select a smaller truncation size.", "truncate_prompt_tokens")
     try:
-        if keep is not None:
-            tokens = engine.backend.tokenize(prompt) if isinstance(prompt, str) else prompt
-            prompt = tokens[-(limit - 1 if keep == -1 else keep):]
-        return engine.tokenize_prompt(prompt)
+        return engine.tokenize_prompt(prompt, None if keep is None else limit - 1 if keep == -1 else keep)
     except ValueError as err:
         raise bad_request(str(err), param) from None
 
@@ -61,8 +61,8 @@ def tokenize(engine: Engine, prompt: str | list[int], param: str, keep: int | No
 def build_choices(engine: Engine, body: GenerationRequest, prompts: list[list[int]],
                   request_limits: RequestLimits) -> Choices:
     """Every choice's params, its grammar built and compiled: on the worker pool (preprocessed)."""
-    if (k := body.prompt_logprob_count()) is not None:  # vLLM's, or echo's with logprobs
-        check_prompt_logprobs(sum(map(len, prompts)) * (k + 1) * body.n,
+    if body.prompt_logprob_count() is not None:  # vLLM's, or echo's with logprobs
+        check_prompt_logprobs(sum(map(len, prompts)) * body.n,
                               "prompt_logprobs" if body.prompt_logprobs is not None else "logprobs", request_limits)
     accountant = engine.slots.accountant
     limits = ModelLimits(accountant.seq_limit, engine.backend.info.n_vocab, accountant.context_hint())
@@ -88,11 +88,30 @@ def served_engine(http: Request, model: str | None) -> Engine:
 async def preprocessed(http: Request, engine: Engine, body: GenerationRequest, n_prompts: int,
                        work: Callable[[], T]) -> T:
     """work() (tokenizing, the chat template, the grammar) on the worker pool, once the body is within the
-    operator's limits and the queue has room for its choices: both cheap, so a full server refuses cheaply."""
+    operator's limits and the queue has room for its choices: both checked first in the same job (the limits
+    measure O(body) text), so a request over them, or a full server, costs nothing more."""
     server: ServerContext = http.app.state.server
-    check_request(body, server.limits, server.grammar, engine.backend.info.n_vocab)
-    server.engine_thread.check_room(n_prompts * body.n)
-    return await server.pool.run(client_of(http), work)
+
+    def checked() -> T:
+        check_request(body, server.limits, server.grammar, engine.backend.info.n_vocab)
+        server.engine_thread.check_room(n_prompts * body.n)  # reads a length: safe off the loop
+        return work()
+
+    return await server.pool.run(client_of(http), checked)
+
+
+def refuse_when_full(http: Request) -> None:
+    """QueueFull if not even one more request fits: before a generation's body is parsed, its choices unknown
+    (preprocessed counts them). An engine not ready is left to the route, whose 404 comes before its 503."""
+    thread = http.app.state.server.engine_thread
+    if thread.state is EngineState.READY:
+        thread.check_room(1)
+
+
+async def generation_body(http: Request, model: type[G]) -> G:
+    """A generation route's body, parsed on the worker pool unless the queue is already full."""
+    refuse_when_full(http)
+    return await parse_body(http, model)
 
 
 def submit(http: Request, body: GenerationRequest, prepared: Choices) -> Generation:
@@ -138,9 +157,10 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, prepa
     return JSONResponse(reply.full(), headers=headers)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 @cancelled_on_disconnect
-async def completions(body: CompletionRequest, http: Request) -> Response:
+async def completions(http: Request) -> Response:
+    body = await generation_body(http, CompletionRequest)
     engine = served_engine(http, body.model)
     work = functools.partial(_completion_choices, engine, body, http.app.state.server.limits)
     prepared, echoes = await preprocessed(http, engine, body, len(body.prompts()), work)

@@ -20,7 +20,9 @@ from cobali.structured.limits import GrammarLimits
 class RequestLimits:
     max_choices: int = 16  # prompts x n: each choice is an engine request holding a slot
     max_logprobs: int = MAX_LOGPROBS  # vLLM's: alternatives per token (logprobs, top_logprobs, prompt_logprobs)
-    max_prompt_logprobs: int = 1 << 18  # prompt tokens x (k + 1) x choices: entries a reply's prompt_logprobs hold
+    # prompt tokens x choices whose logprobs a request asks: each position is a logits row over the vocabulary,
+    # and such a prompt is prefilled once per choice (the prefix cache is skipped)
+    max_prompt_logprobs: int = 1024
     max_stop_strings: int = 16  # each is searched for in every token's text
     max_stop_string_chars: int = 256  # each stop string's length: the text held back and searched per token
     max_tools: int = 128  # OpenAI's cap
@@ -118,9 +120,9 @@ def check_tools(tools: list[Any] | None, limits: RequestLimits) -> None:
     _at_most("tools", "the tools' JSON bytes", size, limits.max_tools_bytes, "--max-tools-bytes")
 
 
-def check_prompt_logprobs(entries: int, param: str, limits: RequestLimits) -> None:
-    """Once the prompts are tokens: the prompt logprobs a reply would hold (each an object in its JSON)."""
-    _at_most(param, "prompt tokens x (k + 1) x choices of prompt logprobs", entries, limits.max_prompt_logprobs,
+def check_prompt_logprobs(positions: int, param: str, limits: RequestLimits) -> None:
+    """Once the prompts are tokens: the prompt positions whose logprobs the request asks (prompt tokens x choices)."""
+    _at_most(param, "prompt tokens x choices of prompt logprobs", positions, limits.max_prompt_logprobs,
              "--max-prompt-logprobs")
 
 

@@ -16,10 +16,19 @@ from fastapi.responses import JSONResponse, Response
 
 from cobali.engine.request import FinishReason
 from cobali.server.chat import chat_choices
+from cobali.server.chat_schemas import ChatCompletionRequest
 from cobali.server.disconnect import cancelled_on_disconnect
 from cobali.server.errors import bad_request
 from cobali.server.generation import Generation, GenerationError
-from cobali.server.openai_routes import event_stream, preprocessed, served_engine, submit, until_finished
+from cobali.server.openai_routes import (
+    event_stream,
+    preprocessed,
+    refuse_when_full,
+    served_engine,
+    submit,
+    until_finished,
+)
+from cobali.server.parse import json_body, parse_then
 from cobali.server.responses_schemas import FunctionChoice, ResponsesRequest
 from cobali.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 from cobali.server.unknown_fields import ignored_fields_headers
@@ -130,14 +139,14 @@ async def _events(reply: ResponseObject) -> AsyncIterator[str]:
         yield event("error", code=error.code, message=error.message, param=None)
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
 @cancelled_on_disconnect
-async def responses(body: ResponsesRequest, http: Request) -> Response:
+async def responses(http: Request) -> Response:
+    refuse_when_full(http)
+    body, chat = await parse_then(http, ResponsesRequest, _as_chat)
     engine = served_engine(http, body.model)
-    try:
-        chat = body.as_chat()
-    except ValueError as err:
-        raise bad_request(str(err)) from None
+    if isinstance(chat, ValueError):  # after the model's 404 or 503, as it always came
+        raise bad_request(str(chat))
     prepared = await preprocessed(http, engine, chat, 1, functools.partial(chat_choices, http, engine, chat))
     generation = submit(http, chat, prepared)
     reply = ResponseObject(body, http.app.state.server.model_id(body.model), generation, len(prepared[0][0]))
@@ -146,3 +155,12 @@ async def responses(body: ResponsesRequest, http: Request) -> Response:
         return event_stream(http, _events(reply), headers, generation)
     await until_finished(generation)
     return JSONResponse(reply.final(), headers=headers)
+
+
+def _as_chat(body: ResponsesRequest) -> tuple[ResponsesRequest, ChatCompletionRequest | ValueError]:
+    """On the worker that parsed it (it validates the whole body again, as a chat request); what does not fit
+    is kept for the route to raise."""
+    try:
+        return body, body.as_chat()
+    except ValueError as err:
+        return body, err

@@ -27,6 +27,7 @@ from cobali.structured.grammars import (
     json_schema_grammar,
     regex_grammar,
 )
+from cobali.structured.schema_size import check_inlined_size
 
 # jsonschema's metaschema check recurses once per level: deeper schemas are a 400, not a RecursionError.
 MAX_SCHEMA_DEPTH = 64
@@ -45,6 +46,10 @@ def check_json_schema(schema: Any, name: str = "the schema") -> None:
     except jsonschema.SchemaError as err:
         where = "/".join(str(part) for part in err.path) or "the top level"
         raise ValueError(f"invalid JSON schema ({name}) at {where}: {err.message}") from None
+    try:
+        check_inlined_size(schema)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
 
 
 def _nesting(value: Any) -> int:

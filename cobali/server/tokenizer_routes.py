@@ -20,6 +20,7 @@ from cobali.server.chat import chat_prompt_text
 from cobali.server.chat_schemas import ChatMessage, Tool
 from cobali.server.errors import bad_request
 from cobali.server.openai_routes import detokenize, served_engine
+from cobali.server.parse import json_body, parse_body
 from cobali.server.request_limits import check_tools
 from cobali.server.state import ServerContext
 from cobali.server.unknown_fields import ignored_fields_headers
@@ -52,17 +53,18 @@ class DetokenizeRequest(RequestBody):
     tokens: list[int] = Field(max_length=1 << 20)
 
 
-@router.post("/tokenize")
-async def tokenize_route(body: TokenizeRequest, http: Request) -> JSONResponse:
+@router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
+async def tokenize_route(http: Request) -> JSONResponse:
+    body = await parse_body(http, TokenizeRequest)
     engine = served_engine(http, body.model)
     server: ServerContext = http.app.state.server
-    check_tools(body.tools, server.limits)
     reply = await server.pool.run(client_of(http), functools.partial(_tokenized, http, engine, body))
     return JSONResponse(reply, headers=ignored_fields_headers(body))
 
 
 def _tokenized(http: Request, engine: Engine, body: TokenizeRequest) -> dict:
-    """On the worker pool: the template, the tokens and their texts."""
+    """On the worker pool: the tools' limits (their JSON is measured), the template, the tokens and their texts."""
+    check_tools(body.tools, http.app.state.server.limits)
     if body.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in body.tools or ()] or None
         text = chat_prompt_text(http, engine, [m.as_template_input() for m in body.messages], tools)
@@ -77,12 +79,18 @@ def _tokenized(http: Request, engine: Engine, body: TokenizeRequest) -> dict:
             "token_strs": strs}
 
 
-@router.post("/detokenize")
-async def detokenize_route(body: DetokenizeRequest, http: Request) -> JSONResponse:
+@router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
+async def detokenize_route(http: Request) -> JSONResponse:
+    body = await parse_body(http, DetokenizeRequest)
     engine = served_engine(http, body.model)
-    n_vocab = engine.backend.info.n_vocab
-    if any(not 0 <= t < n_vocab for t in body.tokens):
-        raise bad_request(f"token ids must be in [0, {n_vocab})", "tokens")
     server: ServerContext = http.app.state.server
-    text = await server.pool.run(client_of(http), functools.partial(detokenize, engine, body.tokens))
+    text = await server.pool.run(client_of(http), functools.partial(_detokenized, engine, body.tokens))
     return JSONResponse({"prompt": text}, headers=ignored_fields_headers(body))
+
+
+def _detokenized(engine: Engine, tokens: list[int]) -> str:
+    """On the worker pool: up to a million ids checked, then their text."""
+    n_vocab = engine.backend.info.n_vocab
+    if any(not 0 <= t < n_vocab for t in tokens):
+        raise bad_request(f"token ids must be in [0, {n_vocab})", "tokens")
+    return detokenize(engine, tokens)

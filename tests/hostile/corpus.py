@@ -19,8 +19,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from cobali.server.config import DEFAULT_MAX_BODY_BYTES
+
 BOUNDED = "4xx or bounded 200"
-BODY_LIMIT = 4 * 1024 * 1024  # cobali serve's default --max-body-bytes
+BODY_LIMIT = DEFAULT_MAX_BODY_BYTES  # cobali serve's --max-body-bytes: the largest bodies come near it
+SCALE = BODY_LIMIT / (4 * 1024 * 1024)  # the sizes below were written for a 4 MiB limit
+
+
+def n(count: int) -> int:
+    """A count written for a 4 MiB body, for the body limit in force."""
+    return max(1, int(count * SCALE))
+
+
+def mb(count: int, unit: int = 1) -> str:
+    return f"{n(count) * unit / 1e6:.1f} MB"
 PROMPT_TOKENS_NEAR_CTX = 950  # "hello world " repeated: ~1900 of the 2048 tokens a request may use
 
 
@@ -107,13 +119,14 @@ def big_tools(count: int, properties: int) -> list[dict]:
 def _grammar_cases() -> list[Case]:
     return [
         Case("grammar: 100k nested parens", "grammar parser", completion(grammar=nested_parens_grammar(100_000))),
-        Case("guided_grammar: 1 MB of nesting", "grammar parser",
-             completion(guided_grammar=nested_parens_grammar(500_000))),
-        Case("grammar: 100k-rule chain", "grammar parser",
-             completion(structured_outputs={"grammar": rule_chain_grammar(100_000)})),
-        Case("grammar: 50k-rule left-recursive cycle", "grammar parser",
-             completion(grammar=rule_chain_grammar(50_000, cycle=True))),
-        Case("grammar: 200k-way alternation", "alternation", completion(grammar=alternation_grammar(200_000))),
+        Case(f"guided_grammar: {mb(500_000, 2)} of nesting", "grammar parser",
+             completion(guided_grammar=nested_parens_grammar(n(500_000)))),
+        Case(f"grammar: {n(100_000)}-rule chain", "grammar parser",
+             completion(structured_outputs={"grammar": rule_chain_grammar(n(100_000))})),
+        Case(f"grammar: {n(50_000)}-rule left-recursive cycle", "grammar parser",
+             completion(grammar=rule_chain_grammar(n(50_000), cycle=True))),
+        Case(f"grammar: {n(200_000)}-way alternation", "alternation",
+             completion(grammar=alternation_grammar(n(200_000)))),
         Case("grammar: 300x300 ambiguous stacks", "alternation",
              completion(grammar=ambiguous_grammar(300), max_tokens=16)),
     ]
@@ -126,10 +139,10 @@ def _schema_cases() -> list[Case]:
             "type": "string", "pattern": "^(a+)+$", "const": "a" * 28 + "!"})),
         Case("json_schema: $ref + siblings, 2^24", "schema blow-up",
              completion(response_format=schema_format(ref_sibling_schema(24)))),
-        Case("guided_json: 100k-value enum", "huge enum",
-             completion(guided_json={"enum": [f"value-{i}" for i in range(100_000)]})),
-        Case("json_schema: allOf of 6 x 30k enums", "huge enum",
-             completion(json_schema=merged_enums_schema(6, 30_000))),
+        Case(f"guided_json: {n(100_000)}-value enum", "huge enum",
+             completion(guided_json={"enum": [f"value-{i}" for i in range(n(100_000))]})),
+        Case(f"json_schema: allOf of 6 x {n(30_000)} enums", "huge enum",
+             completion(json_schema=merged_enums_schema(6, n(30_000)))),
         Case("json_schema: 20k required properties", "schema blow-up", completion(response_format=schema_format({
             "type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(20_000)},
             "required": [f"k{i}" for i in range(20_000)]}))),
@@ -138,21 +151,22 @@ def _schema_cases() -> list[Case]:
 
 def _regex_cases() -> list[Case]:
     return [
-        Case("guided_regex: 200k-way alternation", "alternation",
-             completion(guided_regex="(" + "|".join(f"w{i}" for i in range(200_000)) + ")")),
+        Case(f"guided_regex: {n(200_000)}-way alternation", "alternation",
+             completion(guided_regex="(" + "|".join(f"w{i}" for i in range(n(200_000))) + ")")),
         Case("regex: ((a{1,99}){1,99}){1,99}", "alternation",
              completion(structured_outputs={"regex": "((a{1,99}){1,99}){1,99}"})),
-        Case("guided_choice: 200k choices", "alternation",
-             completion(guided_choice=[f"choice-{i}" for i in range(200_000)])),
+        Case(f"guided_choice: {n(200_000)} choices", "alternation",
+             completion(guided_choice=[f"choice-{i}" for i in range(n(200_000))])),
     ]
 
 
 def _stop_and_logprob_cases() -> list[Case]:
     long_prompt = "hello world " * PROMPT_TOKENS_NEAR_CTX
     return [
-        Case("stop: 16 x 240 KB", "stop strings",
-             completion(stop=["s" * 240_000 + str(i) for i in range(16)], max_tokens=128, ignore_eos=True)),
-        Case("stop: one of 3.9 MB", "stop strings", completion(stop="z" * 3_900_000, max_tokens=128, ignore_eos=True)),
+        Case(f"stop: 16 x {mb(240_000)}", "stop strings",
+             completion(stop=["s" * n(240_000) + str(i) for i in range(16)], max_tokens=128, ignore_eos=True)),
+        Case(f"stop: one of {mb(3_900_000)}", "stop strings",
+             completion(stop="z" * n(3_900_000), max_tokens=128, ignore_eos=True)),
         Case("stop: 1000 strings", "stop strings", completion(stop=[f"stop-{i}" for i in range(1000)])),
         Case("n=16 x prompt_logprobs=20 x 1.9k tokens", "logprobs",
              completion(prompt=long_prompt, n=16, prompt_logprobs=20, max_tokens=1)),
@@ -164,14 +178,14 @@ def _stop_and_logprob_cases() -> list[Case]:
 def _loop_work_cases() -> list[Case]:
     chat_path = "/v1/chat/completions"
     return [
-        Case("prompt: 3.9 MB of text", "tokenization", completion(prompt="a " * 1_950_000)),
-        Case("prompt: 16 x 240 KB", "tokenization", completion(prompt=["b " * 120_000] * 16)),
-        Case("chat: 100k messages", "template", encode({"messages": [{"role": "user", "content": "hi"}] * 100_000,
-                                                        "max_tokens": 4}), chat_path),
-        Case("chat: one 3.9 MB message", "template", chat(messages=[{"role": "user", "content": "c " * 1_950_000}]),
-             chat_path),
-        Case("chat: 400 tools x 60 properties, required", "template",
-             chat(tools=big_tools(400, 60), tool_choice="required", max_tokens=16), chat_path),
+        Case(f"prompt: {mb(1_950_000, 2)} of text", "tokenization", completion(prompt="a " * n(1_950_000))),
+        Case(f"prompt: 16 x {mb(120_000, 2)}", "tokenization", completion(prompt=["b " * n(120_000)] * 16)),
+        Case(f"chat: {n(100_000)} messages", "template",
+             encode({"messages": [{"role": "user", "content": "hi"}] * n(100_000), "max_tokens": 4}), chat_path),
+        Case(f"chat: one {mb(1_950_000, 2)} message", "template",
+             chat(messages=[{"role": "user", "content": "c " * n(1_950_000)}]), chat_path),
+        Case(f"chat: {n(400)} tools x 60 properties, required", "template",
+             chat(tools=big_tools(n(400), 60), tool_choice="required", max_tokens=16), chat_path),
         Case("logit_bias: the whole vocabulary", "tokenization",
              completion(logit_bias={str(i): 1.0 for i in range(49_152)})),
     ]

@@ -3,7 +3,10 @@
 The server runs with an API key and --allow-runtime-lora-updating, on a free loopback port, --threads 1 (as
 tests/integration/test_server_openai.py: llama.cpp's spinning pool collapses when it competes for cores). It is
 started from this checkout, or from the sources named by COBALI_HOSTILE_SOURCE (a git worktree of an older
-commit: the "before" table). The probe sends a normal 2-token request every 0.5 s and keeps each latency.
+commit: the "before" table). With --itl-target-ms 250: a tick of the default fixed budget (512 prompt tokens)
+takes seconds on one CPU thread, so any long prompt, hostile or not, would hold a probe that long; the adaptive
+budget is the operator's setting for bounded stalls (README). The probe sends a normal 2-token request every 0.5 s
+from another loopback address (127.0.0.2): it is another client, with its own share of the server's workers.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ API_KEY = "hostile-corpus-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROBE_BODY = {"prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
 PROBE_EVERY_S = 0.5
+PROBE_ADDRESS = "127.0.0.2"
 
 
 def free_port() -> int:
@@ -57,6 +61,7 @@ class Server:
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "cobali.cli", "serve", "--port", str(self.port),
                                       "--threads", "1", "--api-key", API_KEY, "--allow-runtime-lora-updating",
+                                      "--itl-target-ms", "250",
                                       *self.flags], cwd=source or ROOT, env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 90
@@ -149,7 +154,7 @@ class Probe:
             self._thread.join(40)
 
     def _run(self) -> None:
-        with httpx.Client(timeout=20) as client:
+        with httpx.Client(timeout=20, transport=httpx.HTTPTransport(local_address=PROBE_ADDRESS)) as client:
             while not self._stop.is_set():
                 shot = ProbeShot(time.monotonic())
                 self.shots.append(shot)

@@ -2,7 +2,7 @@
 
 Decisions these cases pin down:
 - an unknown `model` is a 404 `model_not_found` (as OpenAI); leaving `model` out is fine;
-- bodies over --max-body-bytes (default 4 MiB) are a 413 before anything is parsed;
+- bodies over --max-body-bytes (default 1 MiB) are a 413 before anything is parsed;
 - prompts longer than the context are a 400; n and prompts x n are capped at 16;
 - a max_tokens beyond the room the context leaves is a 400 stating the context length (as OpenAI, vLLM).
 """
@@ -135,7 +135,7 @@ def test_body_limit_on_a_live_server() -> None:
             sock.sendall(head)
             assert sock.recv(65536).startswith(b"HTTP/1.1 413")
         # Just under the limit: read and parsed, then refused for the context, not the size.
-        under = client.post("/v1/completions", json={"prompt": "a" * (3 * MIB)})
+        under = client.post("/v1/completions", json={"prompt": "a" * (MIB - 1024)})
         assert under.status_code == 400 and "context holds" in under.json()["error"]["message"]
         assert client.get("/health").status_code == 200
         ok = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "ignore_eos": True})

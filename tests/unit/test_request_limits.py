@@ -27,7 +27,7 @@ from cobali.server.request_limits import PreprocessLimits, RequestLimits
 from cobali.structured.limits import GrammarLimits
 from tests.unit.test_server_api import fake_engine, wait_healthy
 
-LIMITS = RequestLimits(max_choices=3, max_logprobs=4, max_prompt_logprobs=40, max_stop_strings=2,
+LIMITS = RequestLimits(max_choices=3, max_logprobs=4, max_prompt_logprobs=8, max_stop_strings=2,
                        max_stop_string_chars=5, max_tools=2, max_tools_bytes=300, max_logit_bias=3,
                        max_stop_token_ids=2)
 GRAMMAR_BYTES = 120
@@ -70,7 +70,7 @@ CASES = {
                      "top_logprobs", "--max-logprobs"),
     "prompt_logprobs k": (COMPLETION, {"prompt_logprobs": 4}, {"prompt_logprobs": 5}, "prompt_logprobs",
                           "--max-logprobs"),
-    # 8 prompt tokens x (4 + 1) = 40 entries; 9 x 5 = 45
+    # 8 prompt tokens x 1 choice = 8 positions; 9 is one past
     "prompt logprob entries": (COMPLETION, {"prompt": "abcdefgh", "prompt_logprobs": 4},
                                {"prompt": "abcdefghi", "prompt_logprobs": 4}, "prompt_logprobs",
                                "--max-prompt-logprobs"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import os
@@ -23,6 +24,7 @@ from cobali.backends.llama_cpp.kv_size import kv_bytes_per_token
 from cobali.backends.llama_cpp.loading import KvPlan, load_line, load_model, model_desc, new_context, plan_kv
 from cobali.backends.llama_cpp.sampler import LlamaCppSampler
 from cobali.backends.llama_cpp.tools import llama_logs
+from cobali.backends.llama_cpp.vocab import Tokenizer
 from cobali.backends.llama_cpp_config import PREFILL_TILE, LlamaCppConfig
 from cobali.backends.memory import gpu_present
 
@@ -60,6 +62,7 @@ class LlamaCppBackend:
             # llama.cpp counts the outputs of sequences it samples itself only
             max_outputs_per_seq=options.max_outputs_per_seq if options.backend_sampling else 0,
             n_loras=len(options.lora_paths),
+            max_token_bytes=self.tokenizer.longest_piece,
         )
         self._loras = {index: self._load_lora(path) for index, path in enumerate(options.lora_paths, 1)}
         self._next_lora = len(self._loras) + 1  # an index is never used twice
@@ -169,15 +172,11 @@ class LlamaCppBackend:
         return np.array([ll.llama_vocab_is_eog(self.vocab, t) for t in range(self.info.n_vocab)], dtype=bool)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        data = text.encode("utf-8", errors="replace")
-        capacity = len(data) + 16
-        buf = (ll.llama_token * capacity)()
-        n = ll.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
-        if n < 0:  # buffer too small: -n is the size needed
-            capacity = -n
-            buf = (ll.llama_token * capacity)()
-            n = ll.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
-        return list(buf[:n])
+        return self.tokenizer.tokenize(text, add_special)
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer(self.vocab)
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)

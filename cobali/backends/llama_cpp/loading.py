@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import llama_cpp as ll
 
-from cobali.backends.llama_cpp.devices import accelerators
+from cobali.backends.llama_cpp.devices import accelerators, devices
 from cobali.backends.llama_cpp.kv_size import kv_cell_bytes
 from cobali.backends.llama_cpp.tools import GGML_LOG_LEVEL_ERROR, llama_logs
 from cobali.backends.llama_cpp_config import LlamaCppConfig
@@ -109,12 +109,18 @@ def plan_kv(model, options: LlamaCppConfig) -> KvPlan:
     cell = kv_cell_bytes(model, options)
     n_ctx_train = ll.llama_model_n_ctx_train(model)
     gpus = accelerators() if ll.llama_supports_gpu_offload() and options.n_gpu_layers != 0 else []
-    if gpus:
+    n_gpu, n_layers = options.n_gpu_layers, ll.llama_model_n_layer(model) + 1
+    if gpus and 0 < n_gpu < n_layers:  # the KV split between host and GPUs: no one number to check it against
+        place, free, reserved = "host memory and " + ", ".join(d.name for d in gpus), None, 0
+    elif gpus:
         place, free, reserved = ", ".join(d.name for d in gpus), sum(d.free for d in gpus), 0
     else:
-        place, free, reserved = "host memory", host_available(), ll.llama_model_size(model)
+        place, free, reserved = "host memory", host_available() or _cpu_memory(), ll.llama_model_size(model)
     n_ctx = options.total_cells(n_ctx_train)
     if free is None:
+        if options.fit:
+            raise ValueError(f"--fit: the KV goes to {place}; it fits the context to one of them: offload every "
+                             "layer or none (--n-gpu-layers)")
         return KvPlan(n_ctx, cell, place, free)
     reserved += 2 * options.n_batch * ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model)) * 4  # logits
     wanted = options.n_ctx or n_ctx_train * options.n_seq_max
@@ -124,6 +130,11 @@ def plan_kv(model, options: LlamaCppConfig) -> KvPlan:
                          f"by the weights and compute buffers, {fmt_bytes(cell)} a KV cell; lower --max-slots or "
                          "quantize the cache (--cache-type-k/-v q8_0)")
     return KvPlan(fits if options.fit else n_ctx, cell, place, free, fits)
+
+
+def _cpu_memory() -> int | None:
+    """ggml's CPU device memory, where the OS gave no MemAvailable (all of the memory, on POSIX)."""
+    return next((d.free for d in devices() if d.is_cpu), None)
 
 
 def new_context(model, options: LlamaCppConfig, plan: KvPlan):
