@@ -78,12 +78,16 @@ class SamplingParams:
     @cached_property  # read for every sampled token
     def is_greedy(self) -> bool:
         """Greedy rows are sampled by one vectorized argmax; anything that reshapes logits needs a chain."""
+        return self.picks_the_likeliest and self.grammar is None
+
+    @cached_property
+    def picks_the_likeliest(self) -> bool:
+        """The token is the argmax of the row as the host holds it (a constrained row: once masked)."""
         return (
             (self.temperature == 0 or self.top_k == 1)
             and self.repetition_penalty == 1.0
             and self.presence_penalty == 0.0
             and self.frequency_penalty == 0.0
-            and self.grammar is None
             and not self.logit_bias
         )
 

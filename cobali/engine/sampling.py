@@ -114,6 +114,9 @@ class RowSampler:
             if request.id in failures:
                 tokens.append(None)
                 continue
+            if request.params.picks_the_likeliest:  # constrained and greedy: its masked row's argmax, on the host
+                tokens.append(int(logits[out_row].argmax()))
+                continue
             try:
                 tokens.append(self._sampler_for(request.id, request.params).sample(row))
             except Exception as err:  # a backend's sampler is third-party code: contain its failure

@@ -23,8 +23,8 @@ import pytest
 
 pytest.importorskip("huggingface_hub")
 
-from tests.integration.test_server_openai import wait_healthy  # noqa: E402
-from tests.unit.test_reliability import soak_module  # noqa: E402
+from tests.integration.test_server_openai import wait_healthy
+from tests.unit.test_reliability import soak_module
 
 COBALI = str(Path(sys.executable).with_name("cobali"))
 REPO = "test/smol"

@@ -14,9 +14,8 @@ import gguf
 import numpy as np
 import pytest
 
-from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp import LlamaCppBackend, loading
 from cobali.backends.llama_cpp import backend as backend_module
-from cobali.backends.llama_cpp import loading
 from cobali.backends.llama_cpp.tools import llama_logs
 from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.backends.memory import fit_cells
@@ -136,3 +135,11 @@ def test_a_model_that_fails_to_load_says_why(tmp_path: Path, content: bytes | st
         write_gguf(path, content)
     with pytest.raises(ValueError, match=message):
         LlamaCppBackend(LlamaCppConfig(str(path), **SMALL))
+
+
+def test_a_model_larger_than_the_memory_says_so(model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loading, "host_available", lambda: 2**20)
+    said = [(4, "llama_model_load: error loading model: failed to allocate CPU buffer")]
+    assert loading.load_failure(model_path, said) == (
+        f"could not load a GGUF model from {model_path}: its weights take 93.8 MiB and 1.0 MiB of memory is "
+        "available (llama.cpp: llama_model_load: error loading model: failed to allocate CPU buffer)")

@@ -52,7 +52,9 @@ class LlamaCppBackend:
         self.info = BackendInfo(
             n_vocab=n_vocab,
             n_ctx=ll.llama_n_ctx(self.ctx),
-            n_ctx_seq=ll.llama_n_ctx_seq(self.ctx),
+            # A unified pool may outgrow the positions the model was trained for: no request goes past those.
+            n_ctx_seq=min(ll.llama_n_ctx_seq(self.ctx), ll.llama_model_n_ctx_train(self.model)) if options.kv_unified
+            else ll.llama_n_ctx_seq(self.ctx),
             n_seq_max=ll.llama_n_seq_max(self.ctx),
             n_batch=ll.llama_n_batch(self.ctx),
             kv_unified=options.kv_unified,
