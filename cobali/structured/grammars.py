@@ -26,7 +26,50 @@ def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
     if schema is False:
         raise ValueError("the schema is `false`: it allows no output")
     # Overrides, not defaults: a schema's own "x-guidance" must not make the server loosen what it holds.
-    return LLMatcher.grammar_from_json_schema({} if schema is True else schema, overrides=JSON_OPTIONS)
+    return LLMatcher.grammar_from_json_schema({} if schema is True else closed(schema), overrides=JSON_OPTIONS)
+
+
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with every object that lists its properties and says nothing of others closed to others, as
+    vLLM's default backend and llama-server read a schema: a model then writes the properties asked for, not
+    keys of its own invention until max_tokens. Left as it is where allOf merges objects (a closed member would
+    refuse its siblings' properties)."""
+    try:
+        text = json.dumps(schema)
+    except (RecursionError, ValueError):  # too deep to copy: llguidance refuses it with its own message
+        return schema
+    if "allOf" in text:
+        return schema
+    copy = json.loads(text)
+    stack: list[Any] = [copy]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        properties = node.get("properties")
+        if isinstance(properties, dict) and not OPEN_KEYWORDS & node.keys() and _lists_all(node, properties):
+            node["additionalProperties"] = False
+        for key, value in node.items():  # only where a schema stands: a property may be named "properties"
+            if key in SCHEMA_MAPS and isinstance(value, dict):
+                stack.extend(value.values())
+            elif key in SCHEMA_LISTS and isinstance(value, list):
+                stack.extend(value)
+            elif key in SCHEMA_KEYS:
+                stack.append(value)
+    return copy
+
+
+def _lists_all(node: dict[str, Any], properties: dict[str, Any]) -> bool:
+    """Every required key is among the properties (one that is not is written as an additional property)."""
+    required = node.get("required")
+    return not isinstance(required, list) or all(key in properties for key in required)
+
+
+SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+SCHEMA_LISTS = frozenset({"prefixItems", "anyOf", "oneOf", "allOf"})
+SCHEMA_KEYS = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+                         "unevaluatedItems", "unevaluatedProperties"})
+OPEN_KEYWORDS = frozenset({"additionalProperties", "patternProperties", "unevaluatedProperties"})
 
 
 JSON_OBJECT_GRAMMAR = json_schema_grammar({"type": "object"})
@@ -69,7 +112,7 @@ def tool_call_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
     naming one of `functions` (name, parameters schema), its arguments following the schema."""
     calls, rules = [], []
     for i, (name, parameters) in enumerate(functions):
-        schema = parameters if parameters is not None else {"type": "object"}
+        schema = closed(parameters) if parameters is not None else {"type": "object"}
         head = _lark_literal(f'{{"name": {json.dumps(name)}, "arguments": ')
         calls.append(f"{head} args{i} \"}}\"")
         rules.append(f"args{i}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")  # ours win

@@ -185,7 +185,8 @@ FORMAT_CHECKER = jsonschema.FormatChecker()
 def is_date_time(text: str) -> bool:
     shape = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)"  # RFC 3339: T and Z in either case
     text = text.upper()
-    return bool(re.fullmatch(shape, text)) and bool(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    leap = re.sub(r"(T\d\d:\d\d):60", r"\1:59", text)  # RFC 3339 allows a leap second; datetime does not
+    return bool(re.fullmatch(shape, text)) and bool(datetime.fromisoformat(leap.replace("Z", "+00:00")))
 
 
 def valid(schema: Any, value: object) -> bool:
@@ -586,3 +587,16 @@ def test_the_fake_backends_vocabulary_reads_grammars_as_the_bytes_one_does() -> 
         grammar = compiled(json_schema_grammar(schema), fake)
         for text in [t for t in allowed + refused_texts if fake.can_write(t)]:
             assert fake.allows(grammar, text) == ORACLE.allows(grammar, text), (schema, text)
+
+
+def test_an_object_that_lists_its_properties_is_closed_to_others_as_vllm_and_llama_server_read_it() -> None:
+    listed = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert_holds(json_schema_grammar(listed), ['{"a": 1}'], ['{"a": 1, "b": 2}'])
+    nested = {"type": "object", "properties": {"o": listed}, "required": ["o"]}
+    assert_holds(json_schema_grammar(nested), ['{"o": {"a": 1}}'], ['{"o": {"a": 1, "b": 2}}'])
+    # Open where the schema says so, where a required key is not listed, and where allOf merges objects.
+    opened = {**listed, "additionalProperties": {"type": "integer"}}
+    assert_holds(json_schema_grammar(opened), ['{"a": 1, "b": 2}'], ['{"a": 1, "b": "x"}'])
+    assert_holds(json_schema_grammar({**listed, "required": ["a", "z"]}), ['{"a": 1, "z": 2}'], ['{"a": 1}'])
+    merged = {"allOf": [listed, {"properties": {"b": {"type": "integer"}}}]}
+    assert_holds(json_schema_grammar(merged), ['{"a": 1, "b": 2}'], ['{"b": 2}'])
