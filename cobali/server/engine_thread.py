@@ -165,6 +165,8 @@ class EngineThread:
             return
         if self.observer is not None:
             self.observer.attach(engine)
+        with contextlib.suppress(NotImplementedError):  # a backend that takes no constraints
+            _ = engine.grammars.tokenizer  # the vocabulary read now, not on a first constraint: that holds the GIL
         settle_heap()
         # With async scheduling the host thread streams a decode's tokens while the next decode runs: handed to
         # the loop there, they go out a decode earlier, and the thread that launches decodes does less.

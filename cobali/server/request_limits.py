@@ -116,7 +116,8 @@ def check_tools(tools: list[Any] | None, limits: RequestLimits) -> None:
     if not tools:
         return
     _at_most("tools", "the number of tools", len(tools), limits.max_tools, "--max-tools")
-    size = sum(len(tool.model_dump_json(exclude_none=True).encode()) for tool in tools)
+    size = sum(len(tool.model_dump_json(exclude_none=True).encode()) if hasattr(tool, "model_dump_json")
+               else _size(tool) for tool in tools)  # a tool a client sent as plain JSON
     _at_most("tools", "the tools' JSON bytes", size, limits.max_tools_bytes, "--max-tools-bytes")
 
 

@@ -3,9 +3,9 @@
 The server runs with an API key and --allow-runtime-lora-updating, on a free loopback port, --threads 1 (as
 tests/integration/test_server_openai.py: llama.cpp's spinning pool collapses when it competes for cores). It is
 started from this checkout, or from the sources named by COBALI_HOSTILE_SOURCE (a git worktree of an older
-commit: the "before" table). With --itl-target-ms 250: a tick of the default fixed budget (512 prompt tokens)
-takes seconds on one CPU thread, so any long prompt, hostile or not, would hold a probe that long; the adaptive
-budget is the operator's setting for bounded stalls (README). The probe sends a normal 2-token request every 0.5 s
+commit: the "before" table). With --n-batch 96: a tick of the default budget (512 prompt tokens) takes seconds
+on one CPU thread, so any long prompt, hostile or not, would hold a probe that long; a smaller tick budget is how
+an operator of such a server bounds the stall one tick costs the others. The probe sends a normal 2-token request every 0.5 s
 from another loopback address (127.0.0.2): it is another client, with its own share of the server's workers.
 """
 
@@ -61,7 +61,7 @@ class Server:
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "cobali.cli", "serve", "--port", str(self.port),
                                       "--threads", "1", "--api-key", API_KEY, "--allow-runtime-lora-updating",
-                                      "--itl-target-ms", "250",
+                                      "--n-batch", "96",
                                       *self.flags], cwd=source or ROOT, env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 90
