@@ -26,20 +26,21 @@ def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
     if schema is False:
         raise ValueError("the schema is `false`: it allows no output")
     # Overrides, not defaults: a schema's own "x-guidance" must not make the server loosen what it holds.
-    return LLMatcher.grammar_from_json_schema({} if schema is True else closed(schema), overrides=JSON_OPTIONS)
+    return LLMatcher.grammar_from_json_schema({} if schema is True else prepared(schema), overrides=JSON_OPTIONS)
 
 
-def closed(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema with every object that lists its properties and says nothing of others closed to others, as
-    vLLM's default backend and llama-server read a schema: a model then writes the properties asked for, not
-    keys of its own invention until max_tokens. Left as it is where allOf merges objects (a closed member would
-    refuse its siblings' properties)."""
+def prepared(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema as cobali holds it:
+    - every object that lists its properties and says nothing of others is closed to others, as vLLM's default
+      backend and llama-server read a schema: a model then writes the properties asked for, not keys of its own
+      invention until max_tokens (not where allOf merges objects: a closed member would refuse its siblings');
+    - a `format` llguidance does not assert is an annotation, as JSON Schema 2020-12 reads every format by
+      default (llguidance would refuse the whole schema)."""
     try:
         text = json.dumps(schema)
     except (RecursionError, ValueError):  # too deep to copy: llguidance refuses it with its own message
         return schema
-    if "allOf" in text:
-        return schema
+    close = "allOf" not in text
     copy = json.loads(text)
     stack: list[Any] = [copy]
     while stack:
@@ -47,8 +48,10 @@ def closed(schema: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(node, dict):
             continue
         properties = node.get("properties")
-        if isinstance(properties, dict) and not OPEN_KEYWORDS & node.keys() and _lists_all(node, properties):
+        if close and isinstance(properties, dict) and not OPEN_KEYWORDS & node.keys() and _lists_all(node, properties):
             node["additionalProperties"] = False
+        if isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS:
+            del node["format"]
         for key, value in node.items():  # only where a schema stands: a property may be named "properties"
             if key in SCHEMA_MAPS and isinstance(value, dict):
                 stack.extend(value.values())
@@ -69,6 +72,8 @@ SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definition
 SCHEMA_LISTS = frozenset({"prefixItems", "anyOf", "oneOf", "allOf"})
 SCHEMA_KEYS = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
                          "unevaluatedItems", "unevaluatedProperties"})
+ASSERTED_FORMATS = frozenset({"date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uri",
+                              "uuid"})  # those llguidance holds
 OPEN_KEYWORDS = frozenset({"additionalProperties", "patternProperties", "unevaluatedProperties"})
 
 
@@ -112,7 +117,7 @@ def tool_call_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
     naming one of `functions` (name, parameters schema), its arguments following the schema."""
     calls, rules = [], []
     for i, (name, parameters) in enumerate(functions):
-        schema = closed(parameters) if parameters is not None else {"type": "object"}
+        schema = prepared(parameters) if parameters is not None else {"type": "object"}
         head = _lark_literal(f'{{"name": {json.dumps(name)}, "arguments": ')
         calls.append(f"{head} args{i} \"}}\"")
         rules.append(f"args{i}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")  # ours win

@@ -5,8 +5,8 @@ tests/integration/test_server_openai.py: llama.cpp's spinning pool collapses whe
 started from this checkout, or from the sources named by COBALI_HOSTILE_SOURCE (a git worktree of an older
 commit: the "before" table). With --n-batch 96: a tick of the default budget (512 prompt tokens) takes seconds
 on one CPU thread, so any long prompt, hostile or not, would hold a probe that long; a smaller tick budget is how
-an operator of such a server bounds the stall one tick costs the others. The probe sends a normal 2-token request every 0.5 s
-from another loopback address (127.0.0.2): it is another client, with its own share of the server's workers.
+an operator of such a server bounds the stall one tick costs the others. The probe sends a normal 2-token request
+every 0.5 s from another loopback address (127.0.0.2): another client, with its own share of the server's workers.
 """
 
 from __future__ import annotations

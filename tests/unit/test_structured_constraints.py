@@ -600,3 +600,10 @@ def test_an_object_that_lists_its_properties_is_closed_to_others_as_vllm_and_lla
     assert_holds(json_schema_grammar({**listed, "required": ["a", "z"]}), ['{"a": 1, "z": 2}'], ['{"a": 1}'])
     merged = {"allOf": [listed, {"properties": {"b": {"type": "integer"}}}]}
     assert_holds(json_schema_grammar(merged), ['{"a": 1, "b": 2}'], ['{"b": 2}'])
+
+
+def test_a_format_llguidance_does_not_assert_is_an_annotation() -> None:
+    """JSON Schema 2020-12 reads every format as an annotation by default; llguidance refuses one it lacks."""
+    schema = {"type": "object", "properties": {"u": {"type": "string", "format": "uri-reference"},
+                                               "d": {"type": "string", "format": "date"}}, "required": ["u", "d"]}
+    assert_holds(json_schema_grammar(schema), ['{"u": "../a", "d": "2024-01-31"}'], ['{"u": "x", "d": "31/01/2024"}'])
