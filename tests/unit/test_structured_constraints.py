@@ -607,3 +607,23 @@ def test_a_format_llguidance_does_not_assert_is_an_annotation() -> None:
     schema = {"type": "object", "properties": {"u": {"type": "string", "format": "uri-reference"},
                                                "d": {"type": "string", "format": "date"}}, "required": ["u", "d"]}
     assert_holds(json_schema_grammar(schema), ['{"u": "../a", "d": "2024-01-31"}'], ['{"u": "x", "d": "31/01/2024"}'])
+
+
+def test_a_schema_that_inlines_exponentially_is_refused_before_llguidance_expands_it() -> None:
+    """$refs with a keyword beside them are merged with a copy of their target: two such refs a level double the
+    schema each level. llguidance checks its size only after expanding (seconds to minutes): refused first."""
+    def doubling(depth: int) -> dict:
+        defs: dict = {"d0": {"type": "object", "properties": {"x": {"type": "integer"}}}}
+        for k in range(1, depth + 1):
+            below = f"#/$defs/d{k - 1}"
+            defs[f"d{k}"] = {"type": "object", "properties": {"a": {"$ref": below, "type": "object"},
+                                                              "b": {"$ref": below, "minProperties": 0}}}
+        return {"$ref": f"#/$defs/d{depth}", "type": "object", "$defs": defs}
+
+    with pytest.raises(ValueError, match="grows past"):
+        schema_grammar(doubling(24), "json_schema")
+    compiled(schema_grammar(doubling(4), "json_schema"))  # a few levels are fine
+    # Bare $refs are rules, not copies: a long chain of them costs nothing to inline.
+    chain = {"$defs": {f"d{k}": {"$ref": f"#/$defs/d{k + 1}"} for k in range(300)} | {"d300": {"type": "integer"}},
+             "$ref": "#/$defs/d0"}
+    compiled(schema_grammar(chain, "json_schema"))
