@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -23,8 +22,7 @@ import pytest
 
 pytest.importorskip("huggingface_hub")
 
-from tests.integration.test_server_openai import wait_healthy
-from tests.unit.test_reliability import soak_module
+from tests.integration.test_server_openai import running_server
 
 COBALI = str(Path(sys.executable).with_name("cobali"))
 REPO = "test/smol"
@@ -110,20 +108,8 @@ def hub_env(hub_url: str, home: Path, offline: bool = False) -> dict[str, str]:
 
 @contextmanager
 def serving(env: dict[str, str], *flags: str) -> Iterator[str]:
-    port = soak_module().free_port()
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([COBALI, "serve", "--port", str(port), "--threads", "1", "--max-slots", "2", *flags],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_healthy(base, proc)
-            yield base
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(30)
-            log.seek(0)
-            print(log.read().decode(errors="replace")[-4000:])  # shown by pytest on failure
+    with running_server("--max-slots", "2", *flags, env=env) as (base, _proc):
+        yield base
 
 
 def complete(base: str) -> dict:

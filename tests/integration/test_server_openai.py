@@ -34,11 +34,11 @@ PHONE = r"\(\d{3}\) \d{3}-\d{4}"
 
 
 @contextmanager
-def running_server(*flags: str) -> Iterator[tuple[str, subprocess.Popen]]:
+def running_server(*flags: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     port = soak_module().free_port()
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen([COBALI, "serve", "--port", str(port), "--threads", "1", *flags],
-                                stdout=log, stderr=subprocess.STDOUT)
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
         base = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(base, proc)
