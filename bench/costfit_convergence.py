@@ -22,7 +22,7 @@ import numpy as np
 from cobali.backends.base import SamplingParams
 from cobali.engine.costfit import OnlineCostFit, TickTerms
 from cobali.engine.plan import TickRecord
-from cobali.options import add_engine_args, engine_spec, non_negative_int, positive_int
+from cobali.options import add_engine_args, engine_setup, non_negative_int, positive_int
 from cobali.workloads import load_items
 
 RANGES = ((0, 16), (16, 32), (32, 64), (64, 128), (128, 256), (256, 512), (512, 1024), (1024, 4096))
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--hog-at-tick", type=non_negative_int, default=None)
     parser.add_argument("--out", default=None, help="write ticks.csv and convergence.png here")
     args = parser.parse_args()
-    engine = engine_spec(args).build_engine()
+    engine = engine_setup(args).build_engine()
     hogs: list[multiprocessing.Process] = []
 
     def on_tick(record: TickRecord) -> None:

@@ -22,9 +22,9 @@ from sleeping_backend import PROMPT, build_engine, cpu_seconds
 
 from cobali import SamplingParams
 from cobali.engine.request import Request
+from cobali.frontend.client import settle_heap
+from cobali.http.prometheus import ServerMetrics
 from cobali.options import positive_float, positive_int
-from cobali.server.engine_thread import settle_heap
-from cobali.server.metrics import ServerMetrics
 
 
 def main() -> None:

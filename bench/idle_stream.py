@@ -18,7 +18,7 @@ import asyncio
 import statistics
 from pathlib import Path
 
-from cobali.bench.serve_client import ServeOptions, endpoints, run_serve
+from cobali.harness.serve_client import ServeOptions, endpoints, run_serve
 from cobali.options import positive_int
 from cobali.workloads import WorkItem
 

@@ -8,7 +8,7 @@ K and V take the same type (--cache-type-k/-v). Bytes per token: the KV buffer l
 Decode: every slot holds --prompt-tokens of context, then all decode --gen-tokens tokens together, a greedy row
 each (llama_decode and the argmax, no engine around them); a round per type in turn, --repeat rounds, the median.
 Fidelity: the same engine configuration run greedily with f16 and with each type, compared request by request at
-the first divergence by the f16 run's logit margin there (cobali/bench/fidelity.py): under the epsilon is a
+the first divergence by the f16 run's logit margin there (cobali/harness/fidelity.py): under the epsilon is a
 near-tie, over it a change the quantized cache made to a clear choice. f16 runs twice: the control.
 """
 
@@ -25,9 +25,9 @@ import numpy as np
 
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.tools import llama_logs
-from cobali.bench.fidelity import compare_runs, greedy_traces
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.harness.fidelity import compare_runs, greedy_traces
 from cobali.options import add_backend_args, backend_config, positive_int
 from cobali.workloads import load_items
 

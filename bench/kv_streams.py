@@ -23,7 +23,7 @@ import statistics
 from prefill_tile import decode_ms
 
 from cobali.backends.llama_cpp.backend import LlamaCppBackend
-from cobali.backends.llama_cpp_config import DEFAULT_CTX_PER_SEQ, LlamaCppConfig
+from cobali.backends.llama_cpp.config import DEFAULT_CTX_PER_SEQ, LlamaCppConfig
 from cobali.options import positive_int
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from cobali.backends.base import SamplingParams
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.synth_lora import write_random_lora

@@ -20,7 +20,7 @@ from kv_streams import fill
 from prefill_tile import decode_ms
 
 from cobali.backends.llama_cpp.backend import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.options import positive_int
 
 

@@ -32,7 +32,7 @@ import logging, sys, uvicorn
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.server.app import create_app
+from cobali.http.app import create_app
 app = create_app(lambda: Engine(FakeBackend(n_seq_max=4, n_ctx_seq=4096, n_batch=64),
                                 EngineConfig(max_slots=4, n_batch=64)), "fake")
 logging.disable(logging.WARNING)  # a body of unknown fields is logged once per request

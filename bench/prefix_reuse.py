@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cobali.config import build_backend
 from cobali.engine.engine import Engine
-from cobali.options import add_engine_args, engine_spec, positive_int
+from cobali.options import add_engine_args, engine_setup, positive_int
 from cobali.runner import run_workload
 from cobali.workloads import WorkItem
 
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=positive_int, default=400)
     parser.add_argument("--max-new", type=positive_int, default=16)
     args = parser.parse_args()
-    spec = engine_spec(args)
+    spec = engine_setup(args)
     backend = build_backend(spec.backend)
     items = chats(backend, args.chats, args.system_tokens)
     first = len(backend.tokenize(items[0].prompt))

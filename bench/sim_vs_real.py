@@ -19,9 +19,9 @@ from dataclasses import replace
 
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
-from cobali.bench.cli import file_items
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.cli import build_parser
+from cobali.harness.cli import file_items
 from cobali.sim.backend import SimBackend
 from cobali.sim.cli import sim_spec
 from cobali.sim.cluster import SimItem, simulate

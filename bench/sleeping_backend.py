@@ -113,8 +113,8 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
 
     import uvicorn
 
-    from cobali.server.app import create_app
-    from cobali.server.serve import configure_logging
+    from cobali.http.app import create_app
+    from cobali.http.serve import configure_logging
 
     ticks: list[Tick] = []
 

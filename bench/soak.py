@@ -31,7 +31,7 @@ from typing import IO
 
 import httpx
 
-from cobali.bench.serve_client import sse_data
+from cobali.harness.serve_client import sse_data
 
 COBALI = str(Path(sys.executable).with_name("cobali"))
 

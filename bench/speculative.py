@@ -20,10 +20,10 @@ import numpy as np
 
 from cobali.backends.base import WANT_LOGITS, SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.spec import SpecConfig
+from cobali.engine.speculative import SpecConfig
 from cobali.workloads import load_items
 
 

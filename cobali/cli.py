@@ -9,9 +9,9 @@ import sys
 
 from cobali import __version__, calibrate, run, settings, synth, synth_lora
 from cobali.batch import cli as batch_cli
-from cobali.bench import cli as bench_cli
-from cobali.options import engine_spec
-from cobali.server.flags import add_run_batch_args, add_serve_args, run_batch_config, server_config
+from cobali.harness import cli as bench_cli
+from cobali.http.flags import add_run_batch_args, add_serve_args, run_batch_config, server_config
+from cobali.options import engine_setup
 from cobali.sim import cli as sim_cli
 
 
@@ -48,9 +48,9 @@ def batch_command(args: argparse.Namespace) -> int:
 
 
 def run_batch_command(args: argparse.Namespace) -> int:
-    from cobali.server.run_batch import run_batch_file  # FastAPI loads only for the faces that serve
+    from cobali.http.run_batch import run_batch_file  # FastAPI loads only for the faces that serve
 
-    spec = engine_spec(args, record_ticks=False)
+    spec = engine_setup(args, record_ticks=False)
     return run_batch_file(spec, run_batch_config(args), args.input, args.output,
                           args.max_concurrency or 4 * args.max_slots)
 
@@ -58,9 +58,9 @@ def run_batch_command(args: argparse.Namespace) -> int:
 def serve_command(args: argparse.Namespace) -> int:
     """One engine in this process, or --replicas engines behind one endpoint with Ray Serve."""
     # A server runs for days: its ticks go to the metrics (Engine.on_tick), not into a list that only grows.
-    spec, settings = engine_spec(args, record_ticks=False), server_config(args)
+    spec, settings = engine_setup(args, record_ticks=False), server_config(args)
     if settings.replicas == 1:
-        from cobali.server.serve import serve  # FastAPI and uvicorn load only for `serve`
+        from cobali.http.serve import serve  # FastAPI and uvicorn load only for `serve`
 
         return serve(spec, settings)
     try:

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 
 from cobali.backends.base import Backend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.costs import CostProfile, load_profile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
@@ -19,7 +19,7 @@ def build_backend(config: LlamaCppConfig) -> Backend:
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class EngineSetup:
     """The engine's config, its backend's, and the cost profile that seeds an ITL target's learned costs."""
 
     engine: EngineConfig

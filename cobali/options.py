@@ -8,12 +8,12 @@ import os
 from collections.abc import Callable
 
 from cobali.backends.hf_model import HF_EXTRA, resolve_hf_model
-from cobali.backends.llama_cpp_config import FLASH_ATTN_MODES, KV_CACHE_TYPES, LlamaCppConfig
-from cobali.config import EngineSpec
+from cobali.backends.llama_cpp.config import FLASH_ATTN_MODES, KV_CACHE_TYPES, LlamaCppConfig
+from cobali.config import EngineSetup
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
 from cobali.engine.queue import QUEUE_ORDERS
-from cobali.engine.spec import SpecConfig
+from cobali.engine.speculative import SpecConfig
 from cobali.workloads import WorkItem, load_items
 
 
@@ -186,9 +186,9 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
                         lora_updates=getattr(args, "allow_runtime_lora_updating", False), **overrides)
 
 
-def engine_spec(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineSpec:
+def engine_setup(args: argparse.Namespace, mode: str = "cont", **overrides) -> EngineSetup:
     """The typed configs of one engine from the flags: the only place engine flags are read."""
-    return EngineSpec(engine_config(args, mode, **overrides), backend_config(args), args.profile)
+    return EngineSetup(engine_config(args, mode, **overrides), backend_config(args), args.profile)
 
 
 # ---- workload flags (bench, simulate) ----------------------------------------------------------------

@@ -8,8 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cobali.engine.policies import MODES
-from cobali.metrics import format_summary, request_record
-from cobali.options import add_engine_args, engine_spec, positive_int
+from cobali.latency import format_summary, request_record
+from cobali.options import add_engine_args, engine_setup, positive_int
 from cobali.runner import run_workload
 from cobali.workloads import load_workload
 
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     items = load_workload(args.prompts)
-    engine = engine_spec(args, mode=args.mode).build_engine()
+    engine = engine_setup(args, mode=args.mode).build_engine()
     print(f"cobali run: {len(items)} prompts, mode {args.mode}, {engine.backend.info.description}")
     result = run_workload(engine, items, args.max_new, args.ignore_eos, trace_steps=args.trace_steps)
     summary = result.summary()

@@ -15,7 +15,7 @@ from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.engine.plan import TickRecord
 from cobali.engine.request import Request
-from cobali.metrics import summarize
+from cobali.latency import summarize
 from cobali.workloads import WorkItem
 
 try:

@@ -227,7 +227,7 @@ class DecodeCheck:
 def check_decode(path: str, n_tokens: int, n_threads: int = 0) -> DecodeCheck:
     """Greedy-decode n_tokens one at a time after a short prompt, watching every step's logits."""
     from cobali.backends.llama_cpp import LlamaCppBackend
-    from cobali.backends.llama_cpp_config import LlamaCppConfig
+    from cobali.backends.llama_cpp.config import LlamaCppConfig
 
     backend = LlamaCppBackend(LlamaCppConfig(path, n_ctx=n_tokens + 64, n_seq_max=1, n_batch=64, n_threads=n_threads))
     try:

@@ -1,6 +1,6 @@
 """Which texts a constraint allows, asked of llguidance itself: a fresh matcher walked over a text's tokens.
 
-The oracle for the structured-output tests (tests/unit/test_structured_constraints.py, test_grammar_fuzz.py and
+The oracle for the structured-output tests (tests/unit/structured/test_structured_constraints.py, test_grammar_fuzz.py and
 their integration twins): a grammar allows a text when the matcher consumes every one of the text's tokens and is
 then in an accepting state, so the text may end there. llguidance reads text as bytes, so any tokenization of a
 text gives the same answer; BYTES_VOCABULARY (one token a byte, and an end token) can write every text, where the
@@ -158,7 +158,7 @@ def real_oracle(model_path: str) -> Oracle:
     (llguidance's tokenizer calls into the model's vocabulary); one sequence, no KV to speak of."""
     if model_path not in _REAL:
         from cobali.backends.llama_cpp import LlamaCppBackend
-        from cobali.backends.llama_cpp_config import LlamaCppConfig
+        from cobali.backends.llama_cpp.config import LlamaCppConfig
 
         backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=1, n_batch=64))
         tokenizer = backend.guidance_tokenizer()

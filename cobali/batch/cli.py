@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import IO
 
 from cobali.batch.jobs import Shard, pending_shards, read_jobs, run_shard
-from cobali.config import EngineSpec
+from cobali.config import EngineSetup
 from cobali.jsonl import ResultsFile
-from cobali.options import add_engine_args, engine_spec, positive_int
+from cobali.options import add_engine_args, engine_setup, positive_int
 
 # (spec, max_new, shards, output, on_done) -> results written; Ray's runner comes from cobali.cli.
-ShardsRunner = Callable[[EngineSpec, int, Sequence[Shard], IO[str], Callable[[], None] | None], int]
+ShardsRunner = Callable[[EngineSetup, int, Sequence[Shard], IO[str], Callable[[], None] | None], int]
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def run_shards_here(spec: EngineSpec, max_new: int, shards: Sequence[Shard], out: IO[str],
+def run_shards_here(spec: EngineSetup, max_new: int, shards: Sequence[Shard], out: IO[str],
                     on_done: Callable[[], None] | None = None) -> int:
     engine = spec.build_engine()
     try:
@@ -49,7 +49,7 @@ def run_shards_here(spec: EngineSpec, max_new: int, shards: Sequence[Shard], out
 def batch_command(args: argparse.Namespace, run_shards: ShardsRunner = run_shards_here) -> int:
     if args.replicas > 1 and not args.ray:
         raise ValueError("--replicas > 1 needs --ray (one process runs one engine)")
-    spec = engine_spec(args, record_ticks=False)
+    spec = engine_setup(args, record_ticks=False)
     jobs = read_jobs(args.input)
     shards = pending_shards(jobs, args.output, args.max_slots)
     todo = sum(len(shard.wanted) for shard in shards)

@@ -19,7 +19,7 @@ from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
 from cobali.engine.request import Request
 from cobali.jsonl import ResultsFile
-from cobali.metrics import request_record
+from cobali.latency import request_record
 from cobali.workloads import entry_max_tokens
 
 OUTPUT_FIELDS = ("text", "finish_reason", "prompt_tokens", "output_tokens")

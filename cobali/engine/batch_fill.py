@@ -11,7 +11,7 @@ from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, BatchArrays
 from cobali.engine.plan import Chunk
 from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
 from cobali.engine.request import Request, RequestState
-from cobali.engine.spec import Verify
+from cobali.engine.speculative import Verify
 
 
 class PromptLogits(NamedTuple):

@@ -26,7 +26,7 @@ from cobali.engine.queue import WaitQueue
 from cobali.engine.request import FinishReason, Request, Sampled
 from cobali.engine.sampling import RowSampler, token_logprob
 from cobali.engine.scheduler import Scheduler
-from cobali.engine.spec import Drafted, NgramDrafter, verify
+from cobali.engine.speculative import Drafted, NgramDrafter, verify
 from cobali.structured.compiler import GrammarCompiler
 from cobali.structured.guide import Guide
 

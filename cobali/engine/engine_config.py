@@ -8,7 +8,7 @@ from cobali.backends.base import BackendInfo
 from cobali.engine.budget import check_budget_settings
 from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
 from cobali.engine.queue import WaitQueue
-from cobali.engine.spec import SpecConfig
+from cobali.engine.speculative import SpecConfig
 from cobali.structured.limits import GrammarLimits
 
 

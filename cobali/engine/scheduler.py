@@ -18,7 +18,7 @@ from cobali.engine.plan import Chunk, Plan
 from cobali.engine.policies import AdapterTurns, AdmissionPolicy, BatchPolicy, DecodeMax, KvPolicy, ReserveKv
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
-from cobali.engine.spec import Drafter
+from cobali.engine.speculative import Drafter
 from cobali.engine.tick import TickBuilder, TickQueues
 
 log = logging.getLogger("cobali.scheduler")

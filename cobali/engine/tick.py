@@ -13,7 +13,7 @@ from cobali.engine.plan import Chunk, ChunkKind
 from cobali.engine.policies import AdmissionPolicy, KvPolicy
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
-from cobali.engine.spec import Drafter, can_speculate
+from cobali.engine.speculative import Drafter, can_speculate
 
 
 def _first_tokens(request: Request, n: int) -> list[int]:

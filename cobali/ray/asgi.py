@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message
 
-log = logging.getLogger("cobali.server")
+log = logging.getLogger("cobali.http")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import ray
 import ray.data
 
 from cobali.batch.jobs import Job, Shard, run_shard
-from cobali.config import EngineSpec
+from cobali.config import EngineSetup
 
 
 def shard_to_json(shard: Shard) -> str:
@@ -29,7 +29,7 @@ def shard_from_json(text: str) -> Shard:
 class ShardRunner:
     """One engine per actor; each call runs a batch of shards and returns their JSONL results."""
 
-    def __init__(self, spec: EngineSpec, max_new: int) -> None:
+    def __init__(self, spec: EngineSetup, max_new: int) -> None:
         self.max_new = max_new
         self.engine = spec.build_engine()
 
@@ -42,7 +42,7 @@ class ShardRunner:
         return {"lines": results}
 
 
-def run_shards_on_ray(replicas: int, spec: EngineSpec, max_new: int, shards: Sequence[Shard], out: IO[str],
+def run_shards_on_ray(replicas: int, spec: EngineSetup, max_new: int, shards: Sequence[Shard], out: IO[str],
                       on_done: Callable[[], None] | None = None) -> int:
     if not ray.is_initialized():
         # A local cluster unless RAY_ADDRESS points at one.

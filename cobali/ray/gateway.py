@@ -21,12 +21,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import Message, Receive, Scope, Send
 
+from cobali.frontend.errors import install_error_handlers, unavailable
+from cobali.http.body_limit import BodyLimit
+from cobali.http.prometheus import merge_expositions
 from cobali.ray.asgi import HTTPRequest
-from cobali.server.errors import install_error_handlers, unavailable
-from cobali.server.limits import BodyLimit
-from cobali.server.metrics import merge_expositions
 
-log = logging.getLogger("cobali.server")
+log = logging.getLogger("cobali.http")
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 
 

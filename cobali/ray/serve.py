@@ -25,16 +25,16 @@ from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 from starlette.types import Message
 
-from cobali.config import EngineSpec
-from cobali.options import engine_spec
+from cobali.config import EngineSetup
+from cobali.frontend.client import EngineState
+from cobali.http.config import ServerConfig
+from cobali.http.flags import add_serve_args, server_config
+from cobali.http.serve import build_app, configure_logging, warn_if_open
+from cobali.options import engine_setup
 from cobali.ray.asgi import HTTPRequest, call_app
 from cobali.ray.gateway import gateway_app
-from cobali.server.config import ServerConfig
-from cobali.server.engine_thread import EngineState
-from cobali.server.flags import add_serve_args, server_config
-from cobali.server.serve import build_app, configure_logging, warn_if_open
 
-log = logging.getLogger("cobali.server")
+log = logging.getLogger("cobali.http")
 APP_NAME = "cobali"
 HEADROOM = 16  # calls an engine takes beyond its queue limit, so /health, /metrics, /slots never wait behind it
 
@@ -43,7 +43,7 @@ HEADROOM = 16  # calls an engine takes beyond its queue limit, so /health, /metr
 class EngineReplica:
     """One engine: the single server's app, with its engine thread, run in-process per request."""
 
-    async def __init__(self, spec: EngineSpec, settings: ServerConfig) -> None:
+    async def __init__(self, spec: EngineSetup, settings: ServerConfig) -> None:
         configure_logging()  # a fresh process: Ray only sets up its own loggers
         self.app = build_app(spec, settings)
         self._lifespan = self.app.router.lifespan_context(self.app)
@@ -96,11 +96,11 @@ class Gateway:
         return gateway_app(self._engines, self._max_body_bytes)
 
 
-def cpus_per_replica(spec: EngineSpec) -> int:
+def cpus_per_replica(spec: EngineSetup) -> int:
     return spec.backend.n_threads or 1
 
 
-def build_application(spec: EngineSpec, settings: ServerConfig) -> Application:
+def build_application(spec: EngineSetup, settings: ServerConfig) -> Application:
     # Ray must not queue in front of an engine: beyond slots + --max-queue its app answers 429 itself.
     per_engine = spec.engine.max_slots + settings.max_queue + HEADROOM
     engine = EngineReplica.options(max_ongoing_requests=per_engine,
@@ -122,10 +122,10 @@ def build(options: dict[str, str]) -> Application:
     parser = argparse.ArgumentParser(prog="cobali.ray.serve:build")
     add_serve_args(parser)
     args = parser.parse_args(argv)
-    return build_application(engine_spec(args, record_ticks=False), server_config(args))  # as `cobali serve`
+    return build_application(engine_setup(args, record_ticks=False), server_config(args))  # as `cobali serve`
 
 
-def serve_replicas(spec: EngineSpec, settings: ServerConfig) -> int:
+def serve_replicas(spec: EngineSetup, settings: ServerConfig) -> int:
     """Bad flag combinations failed when the configs were built, before a cluster starts."""
     configure_logging()
     warn_if_open(settings)

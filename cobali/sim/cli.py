@@ -19,7 +19,7 @@ import numpy as np
 
 from cobali.costs import load_profile, resolve_profile
 from cobali.engine.policies import MODES
-from cobali.metrics import format_summary, write_json
+from cobali.latency import format_summary, write_json
 from cobali.options import (
     add_engine_args,
     add_load_args,

@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cobali.backends.base import SamplingParams
-from cobali.backends.llama_cpp_config import PREFILL_TILE
+from cobali.backends.llama_cpp.config import PREFILL_TILE
 from cobali.costs import DEFAULT_CHARS_PER_TOKEN
 from cobali.engine.budget import CostModel
 from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import TickRecord
-from cobali.metrics import RequestTiming, request_timing, summarize_timings
+from cobali.latency import RequestTiming, request_timing, summarize_timings
 from cobali.runner import user_cpu_seconds
 from cobali.sim.backend import SimBackend
 

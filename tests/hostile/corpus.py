@@ -9,7 +9,7 @@ normal 2-token request runs beside it every 0.5 s. What a case must get back (`e
 - "dropped": a client that stops reading, or disconnects, stops costing the server (streams.py).
 
 /health's text after an engine failure is not here: nothing a client sends makes the engine fail (a crashed fake
-engine's /health is tests/unit/test_reliability.py's).
+engine's /health is tests/unit/http/test_reliability.py's).
 Bodies are serialized with ASCII escapes, so a lone surrogate travels as the JSON escape "\\ud800".
 """
 
@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from cobali.server.config import DEFAULT_MAX_BODY_BYTES
+from cobali.http.config import DEFAULT_MAX_BODY_BYTES
 
 BOUNDED = "4xx or bounded 200"
 BODY_LIMIT = DEFAULT_MAX_BODY_BYTES  # cobali serve's --max-body-bytes: the largest bodies come near it

@@ -9,10 +9,10 @@ import pytest
 
 from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.spec import SpecConfig
+from cobali.engine.speculative import SpecConfig
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,", "def fibonacci(n):"]
 

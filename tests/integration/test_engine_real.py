@@ -1,5 +1,5 @@
 """The engine on the real embedded model: continuous batching must not change greedy outputs beyond
-floating-point noise (divergences only at near-ties, judged by cobali.bench.fidelity)."""
+floating-point noise (divergences only at near-ties, judged by cobali.harness.fidelity)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
-from cobali.bench.fidelity import Trace, compare_runs, greedy_traces
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import MoveSlot
 from cobali.engine.request import FinishReason
-from cobali.engine.spec import SpecConfig
+from cobali.engine.speculative import SpecConfig
+from cobali.harness.fidelity import Trace, compare_runs, greedy_traces
 from cobali.workloads import WorkItem
 
 PROMPTS = [

@@ -1,4 +1,4 @@
-"""The fuzzed JSON schemas, regular expressions, GBNF grammars and choice lists of tests/unit/test_grammar_fuzz.py,
+"""The fuzzed JSON schemas, regular expressions, GBNF grammars and choice lists of tests/unit/structured/test_grammar_fuzz.py,
 compiled for the embedded model's vocabulary (several bytes a token, special tokens, several end tokens): each is
 a grammar whose masks run for a few tokens, or a ValueError, within a few seconds. Derandomized and bounded.
 
@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
-from cobali.server.structured import check_json_schema, schema_grammar
+from cobali.http.protocol.structured import check_json_schema, schema_grammar
 from cobali.structured.compiler import GrammarCompiler
 from cobali.structured.grammars import choice_grammar, gbnf_grammar, regex_grammar, tool_call_grammar
 from tests.structured_oracle import Oracle, real_oracle
-from tests.unit.test_grammar_fuzz import choices, documents, grammar_or_refusal, grammar_texts, hostile, regexes
+from tests.unit.structured.test_grammar_fuzz import choices, documents, grammar_or_refusal, grammar_texts, hostile, regexes
 
 FUZZ = settings(max_examples=int(os.environ.get("COBALI_GRAMMAR_FUZZ_EXAMPLES", "60")), deadline=None,
                 derandomize=True, database=None, suppress_health_check=list(HealthCheck))

@@ -8,7 +8,7 @@ regression tests beside it run in `make test`:
 - a 200-byte schema whose enum value is checked against its own backtracking pattern held everyone for 9 s.
 
 COBALI_HOSTILE_SOURCE=/path/to/a/worktree runs the server from other sources (a "before" table of an older
-commit; its /metrics needs cobali/server/loop_lag.py for the lag column).
+commit; its /metrics needs cobali/http/loop_lag.py for the lag column).
 """
 
 from __future__ import annotations

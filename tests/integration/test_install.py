@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.unit.test_reliability import soak_module
+from tests.unit.http.test_reliability import soak_module
 
 REPO = Path(__file__).resolve().parents[2]
 # Distributions (by name prefix) a server must not need: the dev, ray and plot extras.

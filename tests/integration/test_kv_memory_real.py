@@ -16,8 +16,8 @@ import pytest
 
 from cobali.backends.llama_cpp import LlamaCppBackend, loading
 from cobali.backends.llama_cpp import backend as backend_module
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.llama_cpp.tools import llama_logs
-from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.backends.memory import fit_cells
 
 COBALI = str(Path(sys.executable).with_name("cobali"))

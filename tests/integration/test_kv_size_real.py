@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.llama_cpp.kv_size import head_sizes
-from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.synth import ModelShape, check_decode, synth_model
 
 # 4 heads of 32 over a hidden size of 64, where n_embd / n_head would say 16.

@@ -1,5 +1,5 @@
 """LoRA adapters on the real model (a random adapter from `cobali synth-lora`): an adapter's requests and the
-base model's, served together, each get what they get alone, up to near-ties (cobali.bench.fidelity)."""
+base model's, served together, each get what they get alone, up to near-ties (cobali.harness.fidelity)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from openai import OpenAI
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
-from cobali.bench.fidelity import TOP_LOGPROBS, Trace, compare_runs
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.harness.fidelity import TOP_LOGPROBS, Trace, compare_runs
 from cobali.synth_lora import write_random_lora
 from tests.integration.test_server_openai import running_server
 

@@ -15,8 +15,8 @@ from openai import OpenAI
 
 import cobali
 from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
-from cobali.server.chat_template import JinjaChatTemplate
+from cobali.backends.llama_cpp.config import LlamaCppConfig
+from cobali.frontend.chat_template import JinjaChatTemplate
 from tests.integration.test_server_openai import PROMPT, running_server
 
 TOOLS_TEMPLATE = Path(cobali.__file__).parent / "templates" / "chatml_tools.jinja"

@@ -1,20 +1,20 @@
 """Optimistic admission on a tiny unified KV: requests are preempted, recomputed, and still finish
 with the greedy tokens of a roomy-context run, up to floating-point noise.
 
-Exact equality of every token is proven on the fake backend (tests/unit/test_kv.py). On the real model, a
+Exact equality of every token is proven on the fake backend (tests/unit/engine/test_kv.py). On the real model, a
 unified KV's attention sums over cells in buffer order, and preemption moves the other sequences' cells,
 so near-tied logits can flip; how often depends on the CPU's kernels (4 of 8 requests diverged late on one
-machine, 5 of 8 earlier on another). The test therefore judges by cobali.bench.fidelity: every divergence
+machine, 5 of 8 earlier on another). The test therefore judges by cobali.harness.fidelity: every divergence
 must sit at a near-tie of the roomy run, and most tokens must be in common.
 """
 
 from __future__ import annotations
 
 from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
-from cobali.bench.fidelity import Trace, compare_runs, greedy_traces
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.harness.fidelity import Trace, compare_runs, greedy_traces
 from cobali.workloads import WorkItem
 
 ITEMS = [

@@ -26,7 +26,7 @@ import pydantic
 import pytest
 from openai import OpenAI
 
-from tests.unit.test_reliability import soak_module
+from tests.unit.http.test_reliability import soak_module
 
 COBALI = str(Path(sys.executable).with_name("cobali"))
 PROMPT = "The capital of France is"

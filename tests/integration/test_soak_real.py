@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.integration.test_server_openai import running_server
-from tests.unit.test_reliability import TURNED_AWAY, soak_module
+from tests.unit.http.test_reliability import TURNED_AWAY, soak_module
 
 soak = soak_module()
 

@@ -1,7 +1,7 @@
 """The grammars built from regular expressions, JSON schemas, choices, GBNF and tool calls on the embedded model:
 which texts they let its vocabulary write (llguidance over the model's own tokens, several bytes a token: no model
 numerics, so the same on every machine), and what the model writes under them when it samples. The same cases as
-tests/unit/test_structured_constraints.py, which runs them on a vocabulary of one token a byte."""
+tests/unit/structured/test_structured_constraints.py, which runs them on a vocabulary of one token a byte."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import FinishReason
@@ -28,7 +28,7 @@ from cobali.structured.grammars import (
     tool_call_grammar,
 )
 from tests.structured_oracle import Oracle, real_oracle
-from tests.unit.test_structured_constraints import (
+from tests.unit.structured.test_structured_constraints import (
     ALPHABET,
     CASES,
     CHOICES,

@@ -9,8 +9,8 @@ import random
 import pytest
 
 from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.llama_cpp.vocab import CHUNK_CHARS
-from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 

@@ -13,11 +13,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # the console script: one subcommand per face
     ("settings",),  # every flag also from the environment and a config file (pydantic-settings)
     ("ray",),  # scale-out of the serve and batch faces
-    ("run", "calibrate", "bench", "server", "batch", "sim", "synth", "synth_lora"),  # the faces
+    ("run", "calibrate", "harness", "http", "batch", "sim", "synth", "synth_lora"),  # the faces
     ("options",),  # flags shared by the faces, and the typed configs built from them
     ("config", "runner"),  # building one engine from its configs; running a workload through it
+    ("frontend",),  # what the faces hand the engine and get back: inputs, templates, the client, streams
     # values and files the faces share: timings, work items, cost profiles, resumable JSONL outputs
-    ("metrics", "workloads", "costs", "jsonl", "__init__"),
+    ("latency", "workloads", "costs", "jsonl", "__init__"),
     ("engine",),
     ("structured",),  # constraints on llguidance: grammars, their compiler, the masks sampling applies
     ("backends",),
@@ -125,7 +126,7 @@ def test_only_the_llama_cpp_backend_imports_llama_cpp() -> None:
 
 def test_the_checks_see_a_planted_upward_import_and_circle(tmp_path: Path) -> None:
     graph = import_graph()
-    graph["cobali.engine.kv"] = graph["cobali.engine.kv"] | {"cobali.server.config"}
+    graph["cobali.engine.kv"] = graph["cobali.engine.kv"] | {"cobali.http.config"}
     graph["cobali.engine.plan"] = graph["cobali.engine.plan"] | {"cobali.engine.kv_tier"}
-    assert upward_imports(graph) == ["cobali.engine.kv -> cobali.server.config"]
+    assert upward_imports(graph) == ["cobali.engine.kv -> cobali.http.config"]
     assert ["cobali.engine.kv_tier", "cobali.engine.plan"] in circles(graph)

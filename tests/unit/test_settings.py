@@ -13,11 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cobali import cli, settings
-from cobali.server import serve as serve_module
-from cobali.server.app import create_app
-from cobali.server.config import ServerConfig
-from cobali.server.flags import server_config
-from tests.unit.test_server_api import fake_engine, wait_healthy
+from cobali.http import serve as serve_module
+from cobali.http.app import create_app
+from cobali.http.config import ServerConfig
+from cobali.http.flags import server_config
+from tests.unit.http.test_server_api import fake_engine, wait_healthy
 
 
 @pytest.fixture(autouse=True)
@@ -233,10 +233,10 @@ def test_without_allowed_origins_no_cors_header_is_sent() -> None:
 
 def test_the_flags_reach_the_app_that_serve_builds() -> None:
     """From the command line to the app: keys and origins through server_config and build_app (not run: no engine)."""
-    from cobali.options import engine_spec
+    from cobali.options import engine_setup
 
     args = parse(["serve", "--model", "/nonexistent/m.gguf", "--api-key", "a", "--allowed-origins", ALLOWED])
-    client = TestClient(serve_module.build_app(engine_spec(args), server_config(args)))  # no lifespan: no model
+    client = TestClient(serve_module.build_app(engine_setup(args), server_config(args)))  # no lifespan: no model
     assert client.get("/v1/models", headers={"Authorization": "Bearer b"}).status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer a"}).status_code == 200
     assert preflight(client, ALLOWED).headers["access-control-allow-origin"] == ALLOWED
@@ -251,7 +251,7 @@ def served_log(settings_: ServerConfig, monkeypatch: pytest.MonkeyPatch, caplog:
     monkeypatch.setattr(serve_module.DrainingServer, "run", lambda _self: None)
     monkeypatch.setattr(serve_module.signal, "signal", lambda *_args: None)
     caplog.clear()
-    with caplog.at_level(logging.INFO, "cobali.server"):
+    with caplog.at_level(logging.INFO, "cobali.http"):
         assert serve_module.serve(None, settings_) == 0  # type: ignore[arg-type]
     return "\n".join(f"{r.levelname} {r.getMessage()}" for r in caplog.records)
 

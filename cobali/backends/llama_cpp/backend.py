@@ -17,6 +17,7 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 from cobali.backends.base import BackendInfo, BatchArrays, EmbeddingLimits, SamplingParams, TemplateSource
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
+from cobali.backends.llama_cpp.config import PREFILL_TILE, LlamaCppConfig
 from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
 from cobali.backends.llama_cpp.devices import build_kind
 from cobali.backends.llama_cpp.embedder import EMBEDDING_CTX, EMBEDDING_SEQS, Embedder
@@ -25,7 +26,6 @@ from cobali.backends.llama_cpp.loading import KvPlan, load_line, load_model, mod
 from cobali.backends.llama_cpp.sampler import LlamaCppSampler
 from cobali.backends.llama_cpp.tools import llama_logs
 from cobali.backends.llama_cpp.vocab import Tokenizer
-from cobali.backends.llama_cpp_config import PREFILL_TILE, LlamaCppConfig
 from cobali.backends.memory import gpu_present
 
 log = logging.getLogger("cobali.backend")

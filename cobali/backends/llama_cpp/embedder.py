@@ -8,7 +8,7 @@ import llama_cpp as ll
 import numpy as np
 
 from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 
 # The embeddings context: tokens one input may have (and one decode may carry), inputs per decode.
 EMBEDDING_CTX = 2048

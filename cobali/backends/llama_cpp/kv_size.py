@@ -6,7 +6,7 @@ import ctypes
 
 import llama_cpp as ll
 
-from cobali.backends.llama_cpp_config import LlamaCppConfig
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 
 # What llama.cpp's state format writes per cell beside its K and V rows: its position and one sequence id.
 STATE_CELL_HEADER = 12

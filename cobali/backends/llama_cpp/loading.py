@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import llama_cpp as ll
 
+from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.llama_cpp.devices import accelerators, devices
 from cobali.backends.llama_cpp.kv_size import kv_cell_bytes
 from cobali.backends.llama_cpp.tools import GGML_LOG_LEVEL_ERROR, llama_logs
-from cobali.backends.llama_cpp_config import LlamaCppConfig
 from cobali.backends.memory import fit_cells, fmt_bytes, host_available
 
 FLASH_ATTN_TYPES = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,

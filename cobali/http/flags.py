@@ -1,0 +1,154 @@
+"""The `serve` subcommand's flags and the typed configs built from them. Only argparse-level imports:
+`cobali run` loads this module too, and should not pay for importing FastAPI and uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from cobali.http.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_STREAM_BUFFER_CHARS,
+    DEFAULT_SEND_TIMEOUT_S,
+    ServerConfig,
+)
+from cobali.http.limit_flags import add_limit_args, grammar_limits, preprocess_limits, request_limits
+from cobali.options import add_engine_args, non_negative_float, non_negative_int, positive_float, positive_int
+
+
+def _port(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value}")
+    return value
+
+
+def _template_file(path: str) -> str:
+    """The file's text: read here, so every replica gets the text itself, not a path it may not see."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise argparse.ArgumentTypeError(f"cannot read the chat template {path!r}: {err}") from None
+
+
+def _key_file(path: str) -> tuple[str, ...]:
+    """The keys of an --api-key-file, read here (as --chat-template), so every replica gets the keys themselves."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = [line.strip() for line in file]
+    except (OSError, UnicodeDecodeError) as err:
+        raise argparse.ArgumentTypeError(f"cannot read the API key file {path!r}: {err}") from None
+    keys = tuple(line for line in lines if line and not line.startswith("#"))
+    if not keys:
+        raise argparse.ArgumentTypeError(f"the API key file {path!r} holds no key (one a line; blank lines and # "
+                                         "comments are skipped)")
+    return keys
+
+
+def _existing_file(path: str) -> str:
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"no such file {path!r}")
+    return path
+
+
+def _origin(text: str) -> str:
+    """Browsers send an origin as scheme://host[:port]: one with a path or a trailing slash would never match."""
+    if text != "*" and ("://" not in text or "/" in text.split("://", 1)[1]):
+        raise argparse.ArgumentTypeError(f"expected an origin such as https://app.example.com or *, got {text!r}")
+    return text
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not (sep and name and path):
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{name}: no such adapter file {path!r}")
+    return name, path
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    """What a request's body may name, and how its chat is rendered: `serve`'s and `run-batch`'s."""
+    parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
+    parser.add_argument("--chat-template", type=_template_file, default=None, metavar="FILE",
+                        help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
+    parser.add_argument("--lora-modules", type=_lora_module, nargs="+", default=(), metavar="NAME=PATH",
+                        help="LoRA adapters (GGUF, as llama.cpp's convert_lora_to_gguf.py or `cobali synth-lora` "
+                             "write them), each served as model NAME beside the base model; a tick runs the "
+                             "requests of one adapter, and busy adapters take turns")
+    add_limit_args(parser)
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    add_engine_args(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=_port, default=8000, help="port to bind")
+    parser.add_argument("--max-queue", type=non_negative_int, default=256,
+                        help="requests that may wait for a slot; beyond it requests get HTTP 429")
+    parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on /v1, /slots and the docs; repeat for several "
+                             "keys, any of which is accepted. A key here shows in `ps`: prefer --api-key-file or "
+                             "COBALI_API_KEY")
+    parser.add_argument("--api-key-file", type=_key_file, default=(), metavar="FILE",
+                        help="API keys, one a line (blank lines and # comments skipped), beside any --api-key")
+    parser.add_argument("--allowed-origins", type=_origin, nargs="+", default=(), metavar="ORIGIN",
+                        help="let web pages from these origins (https://app.example.com, or * for any) call the "
+                             "API from a browser: CORS headers, off by default")
+    parser.add_argument("--ssl-keyfile", type=_existing_file, default=None, metavar="FILE",
+                        help="serve HTTPS with this private key (PEM), with --ssl-certfile")
+    parser.add_argument("--ssl-certfile", type=_existing_file, default=None, metavar="FILE",
+                        help="serve HTTPS with this certificate chain (PEM), with --ssl-keyfile")
+    parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="largest request body; beyond it requests get HTTP 413")
+    _add_model_args(parser)
+    parser.add_argument("--allow-runtime-lora-updating", action="store_true",
+                        default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                        help="serve vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (clients then "
+                             "name adapter files on this machine); default from VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+    parser.add_argument("--shutdown-grace", type=non_negative_float, default=30.0,
+                        help="on SIGTERM, seconds in-flight requests get to finish before they are aborted")
+    parser.add_argument("--stream-interval", type=positive_int, default=1, metavar="N",
+                        help="a stream sends its text every N tokens (the first text and the end at once); "
+                             "larger N costs the server less per token, and streams less smoothly")
+    parser.add_argument("--send-timeout", type=positive_float, default=DEFAULT_SEND_TIMEOUT_S, metavar="S",
+                        help="a stream whose client reads nothing for S seconds is dropped, its request aborted")
+    parser.add_argument("--max-stream-buffer", type=positive_int, default=DEFAULT_MAX_STREAM_BUFFER_CHARS,
+                        metavar="CHARS", help="text a stream may hold for a client that falls behind; beyond it "
+                        "the client is dropped, its request aborted")
+    parser.add_argument("--replicas", type=positive_int, default=1,
+                        help="engines behind one endpoint, with Ray Serve (optional extra: pip install 'cobali[ray]')")
+    parser.add_argument("--ray-address", default=None,
+                        help="Ray cluster for --replicas > 1 (default: start a local one)")
+
+
+def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
+    add_engine_args(parser)
+    parser.add_argument("-i", "--input", required=True,
+                        help='JSONL in OpenAI\'s Batch format: {"custom_id", "method": "POST", "url", "body"} a line')
+    parser.add_argument("-o", "--output", required=True,
+                        help="JSONL results, appended; custom_ids answered there are skipped (but for a server "
+                             "error's: run again)")
+    _add_model_args(parser)
+    parser.add_argument("--max-concurrency", type=positive_int, default=None,
+                        help="requests in flight at once (default: 4 x --max-slots)")
+
+
+def run_batch_config(args: argparse.Namespace) -> ServerConfig:
+    """The in-process server a batch runs through: no socket, and no queue limit (the batch bounds itself)."""
+    return ServerConfig(served_model_name=args.served_model_name, chat_template=args.chat_template, max_queue=None,
+                        lora_modules=tuple(args.lora_modules), limits=request_limits(args),
+                        grammar=grammar_limits(args), preprocess=preprocess_limits(args, client_queue=False))
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    keys = tuple(dict.fromkeys((*(args.api_key or ()), *args.api_key_file)))  # in order, each once
+    return ServerConfig(host=args.host, port=args.port, max_queue=args.max_queue, api_keys=keys,
+                        allowed_origins=tuple(args.allowed_origins), ssl_keyfile=args.ssl_keyfile,
+                        ssl_certfile=args.ssl_certfile,
+                        max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
+                        shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address,
+                        chat_template=args.chat_template, stream_interval=args.stream_interval,
+                        lora_modules=tuple(args.lora_modules), runtime_lora=args.allow_runtime_lora_updating,
+                        send_timeout_s=args.send_timeout, max_stream_buffer_chars=args.max_stream_buffer,
+                        limits=request_limits(args), grammar=grammar_limits(args), preprocess=preprocess_limits(args))

@@ -1,0 +1,119 @@
+"""Running the server: uvicorn around the app, with a graceful SIGTERM."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import signal
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from cobali.backends.embedded_model import embedded_model_path
+from cobali.config import EngineSetup
+from cobali.frontend.chat_template import JinjaChatTemplate
+from cobali.frontend.client import EngineThread
+from cobali.http.app import create_app
+from cobali.http.config import ServerConfig
+
+log = logging.getLogger("cobali.http")
+
+
+class DrainingServer(uvicorn.Server):
+    """Stops admitting requests the moment a shutdown signal arrives; uvicorn then lets in-flight requests
+    finish for up to timeout_graceful_shutdown before cancelling them."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+def configure_logging() -> None:
+    """INFO for cobali's own lines (per-request timings among them), in every process that runs a server."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # another name: it may resolve to any interface
+        return False
+
+
+def warn_if_open(settings: ServerConfig) -> None:
+    """Loudly, for beyond loopback with no key: 0.0.0.0 is easy to type, and nothing else would say it."""
+    if settings.api_keys or is_loopback(settings.host):
+        return
+    log.warning("NO API KEY: bound to %s, anyone who can reach port %d can use this server. Set a key with "
+                "--api-key-file FILE (one a line) or COBALI_API_KEY, or bind to 127.0.0.1", settings.host,
+                settings.port)
+
+
+def tls_options(settings: ServerConfig) -> dict[str, str]:
+    """uvicorn's TLS options, the pair loaded once here first: a key that is not the certificate's, or a file
+    that is no PEM, is then a CLI error naming them before the model loads, not uvicorn's traceback after."""
+    if settings.ssl_certfile is None or settings.ssl_keyfile is None:
+        return {}
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+    except OSError as err:  # ssl.SSLError among them
+        raise ValueError(f"--ssl-certfile {settings.ssl_certfile} with --ssl-keyfile {settings.ssl_keyfile}: "
+                         f"{err}") from None
+    return {"ssl_certfile": settings.ssl_certfile, "ssl_keyfile": settings.ssl_keyfile}
+
+
+def build_app(spec: EngineSetup, server: ServerConfig) -> FastAPI:
+    """The server's app from its configs; each Ray Serve replica hosts one too (cobali.ray.serve)."""
+    model_name = server.served_model_name or Path(spec.backend.model_path or embedded_model_path()).stem
+    if server.chat_template is not None:
+        JinjaChatTemplate(server.chat_template)  # a template that does not compile fails here, not per request
+    if model_name in (names := tuple(name for name, _ in server.lora_modules)):
+        raise ValueError(f"--lora-modules: {model_name!r} is the base model's name")
+    # The --grammar-* flags are the server's; the engine's compiler holds every constraint to them.
+    spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, grammar_limits=server.grammar))
+    return create_app(spec.build_engine, model_name, server.max_queue, server.api_keys, server.max_body_bytes,
+                      server.chat_template, server.stream_interval, names, server.runtime_lora,
+                      server.send_timeout_s, server.max_stream_buffer_chars, server.limits, server.grammar,
+                      server.preprocess, server.allowed_origins)
+
+
+def serve(spec: EngineSetup, settings: ServerConfig) -> int:
+    """Bad flag combinations failed when the configs were built, before the port is bound; the rest at load."""
+    configure_logging()
+    warn_if_open(settings)
+    tls = tls_options(settings)
+    app = build_app(spec, settings)
+    thread: EngineThread = app.state.server.engine_thread
+    # The engine aborts what is left when the grace period ends, and the clients get a 503; uvicorn's own
+    # timeout, which cancels handlers outright, is only a backstop.
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=settings.shutdown_grace_s + 5, **tls)
+    server = DrainingServer(config, on_exit=lambda: thread.drain(settings.shutdown_grace_s))
+    load_errors: list[str] = []
+
+    def load_failed(message: str) -> None:
+        load_errors.append(message)
+        server.should_exit = True
+
+    thread.on_load_failed = load_failed
+    # uvicorn re-raises the SIGTERM it caught once its shutdown is done, under the handler it found: make
+    # that a no-op, since by then the shutdown was graceful and the exit status should be 0.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
+    log.info("serving %s on %s://%s:%d (loading the model)", app.state.server.model_name,
+             "https" if tls else "http", settings.host, settings.port)
+    server.run()
+    if load_errors:
+        log.error("exiting: %s", load_errors[0])
+        return 1
+    return 0
