@@ -3,8 +3,11 @@
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.outputs import RequestOutput, RequestStats
 from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.offline import LLM
 
 __version__ = "0.1.0"
 
-__all__ = ["Engine", "EngineConfig", "FinishReason", "Request", "RequestState", "SamplingParams", "__version__"]
+__all__ = ["LLM", "Engine", "EngineConfig", "FinishReason", "Request", "RequestOutput", "RequestState",
+           "RequestStats", "SamplingParams", "__version__"]

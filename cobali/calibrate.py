@@ -17,7 +17,7 @@ import numpy as np
 
 from cobali.backends.base import Backend
 from cobali.config import build_backend
-from cobali.costs import CostProfile, Measurement, user_profiles_dir
+from cobali.engine.costs import CostProfile, Measurement, TickTerms, user_profiles_dir
 from cobali.options import add_backend_args, backend_config, positive_int
 from cobali.workloads import load_items
 
@@ -65,19 +65,19 @@ def measure(backend: Backend, max_slots: int, n_batch: int, repeats: int = 3) ->
     for size in (s for s in PREFILL_SIZES if s <= n_batch):
         backend.remove_seq(fresh)
         seconds = _time_batch(backend, [(fresh, p) for p in range(size)], repeats)
-        points.append(Measurement(size, 0, 0, seconds))
+        points.append(Measurement(TickTerms(size, 0, 0), seconds))
     points += _measure_deep_prefill(backend, fresh, n_batch, repeats)
     decode_seqs = [n for n in DECODE_SEQS if n < max_slots] or [1]
     for kv_len in DECODE_KV:
         _fill(backend, max(decode_seqs), kv_len, n_batch)
         for n in decode_seqs:
             seconds = _time_batch(backend, [(s, kv_len) for s in range(n)], repeats)
-            points.append(Measurement(0, n, n * kv_len, seconds))
+            points.append(Measurement(TickTerms(0, n, n * kv_len), seconds))
         for size in (s for s in MIX_SIZES if s + max(decode_seqs) <= n_batch):
             n = max(decode_seqs)
             backend.remove_seq(fresh)
             rows = [(s, kv_len) for s in range(n)] + [(fresh, p) for p in range(size)]
-            points.append(Measurement(size, n, n * kv_len, _time_batch(backend, rows, repeats)))
+            points.append(Measurement(TickTerms(size, n, n * kv_len), _time_batch(backend, rows, repeats)))
     return points
 
 
@@ -94,7 +94,7 @@ def _measure_deep_prefill(backend: Backend, seq: int, n_batch: int, repeats: int
             done += n
         for size in (s for s in DEEP_SIZES if s <= n_batch):
             seconds = _time_batch(backend, [(seq, p) for p in range(start, start + size)], repeats)
-            points.append(Measurement(size, 0, 0, seconds, prefill_kv_tokens=size * start))
+            points.append(Measurement(TickTerms(size, 0, 0, prefill_kv_tokens=size * start), seconds))
     backend.remove_seq(seq)
     return points
 
@@ -111,10 +111,10 @@ def chars_per_token(backend: Backend, texts: Sequence[str]) -> float:
 def format_profile(profile: CostProfile) -> str:
     lines = [f"{'prefill':>8}{'at':>6}{'decode':>8}{'kv':>8}{'measured ms':>13}{'model ms':>10}{'tok/s':>9}"]
     for m in profile.measurements:
-        rate = (m.prefill_tokens + m.decode_rows) / m.seconds
-        depth = m.prefill_kv_tokens // m.prefill_tokens if m.prefill_tokens else 0
-        lines.append(f"{m.prefill_tokens:>8}{depth:>6}{m.decode_rows:>8}{m.decode_kv_tokens:>8}"
-                     f"{m.seconds * 1e3:>13.1f}{profile.predict(m) * 1e3:>10.1f}{rate:>9.1f}")
+        rate = (m.terms.prefill_tokens + m.terms.decode_rows) / m.seconds
+        depth = m.terms.prefill_kv_tokens // m.terms.prefill_tokens if m.terms.prefill_tokens else 0
+        lines.append(f"{m.terms.prefill_tokens:>8}{depth:>6}{m.terms.decode_rows:>8}{m.terms.decode_kv_tokens:>8}"
+                     f"{m.seconds * 1e3:>13.1f}{profile.predict(m.terms) * 1e3:>10.1f}{rate:>9.1f}")
     lines.append(f"fit: tick = {profile.t0_s * 1e3:.2f} ms + {profile.prefill_s_per_token * 1e3:.3f} ms/prefill token"
                  f" + {profile.decode_s_per_row * 1e3:.3f} ms/decode row"
                  f" + {profile.decode_s_per_kv_token * 1e6:.3f} us/decode KV token"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from cobali.backends.base import Backend
+from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp.config import LlamaCppConfig
-from cobali.costs import CostProfile, load_profile
+from cobali.engine.costs import CostProfile, load_profile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 
@@ -25,6 +27,10 @@ class EngineSetup:
     engine: EngineConfig
     backend: LlamaCppConfig
     profile: str | None = None  # a path or a bundled profile's name; None: learn the tick costs from scratch
+
+    def model_name(self) -> str:
+        """The model's name where none is given (a server's --served-model-name): its GGUF file's, less the suffix."""
+        return Path(self.backend.model_path or embedded_model_path()).stem
 
     def load_costs(self, backend: Backend | None = None) -> CostProfile | None:
         """The profile that seeds the tick costs an ITL target learns online; None without a target or a

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cobali.engine.request import Request
+from cobali.engine.outputs import RequestOutput, RequestStats
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 
@@ -25,9 +25,9 @@ class RequestTiming:
     itl_ms: tuple[float, ...]
 
 
-def request_timing(request: Request, with_itl: bool = True) -> RequestTiming:
-    return timing_from_times(request.arrival_time, request.first_scheduled_time, request.token_times,
-                             request.finish_time, with_itl=with_itl)
+def request_timing(stats: RequestStats, with_itl: bool = True) -> RequestTiming:
+    return timing_from_times(stats.arrival_time, stats.first_scheduled_time, stats.token_times, stats.finish_time,
+                             with_itl=with_itl)
 
 
 def timing_from_times(arrival: float, first_scheduled: float | None, token_times: Sequence[float],
@@ -65,16 +65,26 @@ def latency_samples(timings: Iterable[RequestTiming]) -> dict[str, list[float]]:
     return samples
 
 
-def summarize(requests: Sequence[Request], wall_s: float, user_cpu_s: float) -> dict:
-    """The run's summary: counts, throughput and latency distributions (ms)."""
-    return summarize_timings(
-        [request_timing(r) for r in requests],
-        prompt_tokens=sum(len(r.prompt_tokens) for r in requests),
-        generated_tokens=sum(len(r.output_tokens) for r in requests),
-        failed=sum(r.error is not None for r in requests),
+def summarize(outputs: Sequence[RequestOutput], wall_s: float, user_cpu_s: float) -> dict:
+    """The run's summary from its requests' final outputs: counts, throughput, latency distributions (ms), and
+    what the engine did for them (preemptions, prompt tokens served from the prefix cache)."""
+    stats = [final_stats(o) for o in outputs]
+    summary = summarize_timings(
+        [request_timing(s) for s in stats],
+        prompt_tokens=sum(s.n_prompt_tokens for s in stats),
+        generated_tokens=sum(s.n_output_tokens for s in stats),
+        failed=sum(o.error is not None for o in outputs),
         wall_s=wall_s,
         user_cpu_s=user_cpu_s,
     )
+    summary["preemptions"] = sum(s.preemptions for s in stats)
+    summary["cached_tokens"] = sum(s.cached_tokens for s in stats)
+    return summary
+
+
+def final_stats(output: RequestOutput) -> RequestStats:
+    assert output.stats is not None, f"request {output.request_id}: not a final output"
+    return output.stats
 
 
 def summarize_timings(timings: Sequence[RequestTiming], prompt_tokens: int, generated_tokens: int,
@@ -110,15 +120,19 @@ def percentile_stats(values: Sequence[float], percentiles: Sequence[int] = (50, 
     return stats
 
 
-def request_record(request: Request) -> dict:
-    timing = request_timing(request)
+def request_record(output: RequestOutput) -> dict:
+    """A request's whole final output (LLM's), as a report's record."""
+    stats = final_stats(output)
+    timing = request_timing(stats)
     return {
-        "id": request.id,
-        "prompt_tokens": len(request.prompt_tokens),
-        "output_tokens": len(request.output_tokens),
-        "text": request.text,
-        "finish_reason": request.finish_reason.value if request.finish_reason else None,
-        "error": request.error,
+        "id": output.request_id,
+        "prompt_tokens": stats.n_prompt_tokens,
+        "output_tokens": stats.n_output_tokens,
+        "cached_tokens": stats.cached_tokens,
+        "preemptions": stats.preemptions,
+        "text": output.text,
+        "finish_reason": output.finish_reason.value if output.finish_reason else None,
+        "error": output.error,
         "ttft_ms": timing.ttft_ms,
         "tpot_ms": timing.tpot_ms,
         "e2el_ms": timing.e2el_ms,
@@ -137,6 +151,9 @@ def format_summary(summary: dict) -> str:
         f"throughput          {summary['requests_per_s']:.2f} req/s, {summary['output_tok_s']:.1f} output tok/s, "
         f"{summary['total_tok_s']:.1f} total tok/s",
     ]
+    if "preemptions" in summary:
+        lines.append(f"engine              {summary['preemptions']} preemptions, {summary['cached_tokens']} prompt "
+                     "tokens from the prefix cache")
     if summary.get("ticks"):
         lines.append(f"ticks               {summary['ticks']} (mean {summary['mean_batch_tokens']:.1f} tok/batch, "
                      f"host {summary['host_ms_per_tick']:.2f} ms/tick = {summary['host_share']:.1%}, "

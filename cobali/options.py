@@ -6,6 +6,7 @@ import argparse
 import functools
 import os
 from collections.abc import Callable
+from typing import TypeVar
 
 from cobali.backends.hf_model import HF_EXTRA, resolve_hf_model
 from cobali.backends.llama_cpp.config import FLASH_ATTN_MODES, KV_CACHE_TYPES, LlamaCppConfig
@@ -16,11 +17,13 @@ from cobali.engine.queue import QUEUE_ORDERS
 from cobali.engine.speculative import SpecConfig
 from cobali.workloads import WorkItem, load_items
 
+Number = TypeVar("Number", int, float)
 
-def number_type(cast: Callable[[str], float], minimum: float, what: str) -> Callable[[str], float]:
+
+def number_type(cast: Callable[[str], Number], minimum: Number, what: str) -> Callable[[str], Number]:
     """An argparse `type` that names the bad value: int/float parsing with a lower bound (NaN rejected)."""
 
-    def parse(text: str):
+    def parse(text: str) -> Number:
         try:
             value = cast(text)
         except ValueError:
@@ -109,6 +112,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compact-slots", dest="compact_slots", action="store_false",
                         help="leave a gap when a slot between running ones frees (per-sequence KV "
                              "streams: every gap in the running slots costs llama.cpp one more forward pass a tick)")
+    parser.add_argument("--no-two-pass-ticks", dest="two_pass_ticks", action="store_false",
+                        help="give a tick every prompt chunk its budget allows, however many forward passes "
+                             "llama.cpp then runs (per-sequence KV streams; by default a tick keeps to two)")
     parser.add_argument("--num-speculative-tokens", type=non_negative_int, default=0,
                         help="speculative decoding by prompt lookup (vLLM's ngram method): up to this many tokens "
                              "guessed from a greedy request's own context ride behind its decode row, and those the "
@@ -178,7 +184,8 @@ def engine_config(args: argparse.Namespace, mode: str = "cont", **overrides) -> 
     return EngineConfig(mode=mode, max_slots=args.max_slots, prefill_chunk_tokens=args.prefill_chunk_tokens,
                         n_batch=args.n_batch, policy=args.policy, kv_admission=args.kv_admission,
                         queue=args.queue, prefix_cache=args.prefix_cache, host_cache_mib=host_cache_mib(args),
-                        compact_slots=args.compact_slots, itl_target_ms=args.itl_target_ms,
+                        compact_slots=args.compact_slots, two_pass_ticks=args.two_pass_ticks,
+                        itl_target_ms=args.itl_target_ms,
                         tpot_slo_ms=args.tpot_slo_ms, itl_max_ms=args.itl_max_ms,
                         async_scheduling=args.async_scheduling, spec=SpecConfig(
                             args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max,

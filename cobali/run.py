@@ -33,13 +33,13 @@ def run_command(args: argparse.Namespace) -> int:
     result = run_workload(engine, items, args.max_new, args.ignore_eos, trace_steps=args.trace_steps)
     summary = result.summary()
     print(format_summary(summary))
-    if engine.n_draft_tokens:
-        summary |= {"draft_tokens": engine.n_draft_tokens, "accepted_draft_tokens": engine.n_accepted_tokens}
-        print(f"speculative decoding: {engine.n_accepted_tokens} of {engine.n_draft_tokens} guessed tokens kept")
+    if (stats := engine.stats()).draft_tokens:
+        summary |= {"draft_tokens": stats.draft_tokens, "accepted_draft_tokens": stats.accepted_draft_tokens}
+        print(f"speculative decoding: {stats.accepted_draft_tokens} of {stats.draft_tokens} guessed tokens kept")
     if args.json_out:
         config = {k: v for k, v in vars(args).items() if k != "func"}
         config["backend"] = asdict(engine.backend.info)
-        out = {"config": config, "summary": summary, "requests": [request_record(r) for r in result.requests]}
+        out = {"config": config, "summary": summary, "requests": [request_record(o) for o in result.outputs]}
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(out, indent=1))
         print(f"wrote {args.json_out}")

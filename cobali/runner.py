@@ -1,11 +1,11 @@
 """One workload through one engine, offline: every item submitted at once, run to completion, with metrics.
-The library under `cobali run`, `cobali bench` and the benchmark scripts."""
+`cobali run`, `cobali bench` and the benchmark scripts measure through it."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,9 +13,10 @@ from tqdm import tqdm
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
+from cobali.engine.outputs import RequestOutput
 from cobali.engine.plan import TickRecord
-from cobali.engine.request import Request
 from cobali.latency import summarize
+from cobali.offline import LLM
 from cobali.workloads import WorkItem
 
 try:
@@ -26,13 +27,13 @@ except ImportError:  # Windows: no resource module, and `import cobali` (even --
 
 @dataclass
 class RunResult:
-    requests: list[Request]
+    outputs: list[RequestOutput]  # each request's final (whole) output, in workload order
     wall_s: float
     user_cpu_s: float
     ticks: list[TickRecord]
 
     def summary(self) -> dict:
-        return {**summarize(self.requests, self.wall_s, self.user_cpu_s), **tick_stats(self.ticks)}
+        return {**summarize(self.outputs, self.wall_s, self.user_cpu_s), **tick_stats(self.ticks)}
 
 
 def tick_stats(ticks: Sequence[TickRecord]) -> dict:
@@ -65,22 +66,23 @@ def run_workload(
     progress: str | None = "requests",
     trace_steps: bool = False,
 ) -> RunResult:
-    """Submit every item at once (offline), run to completion, return requests in workload order."""
+    """Submit every item at once (offline), run to completion; the final outputs in workload order."""
     start_ticks = len(engine.ticks)
     cpu0, wall0 = user_cpu_seconds(), time.perf_counter()
-    requests = [
-        engine.submit(item.prompt, SamplingParams(max_tokens=item.max_tokens or max_new, ignore_eos=ignore_eos),
-                      arrival_time=wall0)
-        for item in items
-    ]
-    bar = tqdm(total=len(requests), desc=progress, unit="req", leave=False, disable=progress is None)
+    llm = LLM(engine)
+    keys = [llm.submit(item.prompt, SamplingParams(max_tokens=item.max_tokens or max_new, ignore_eos=ignore_eos),
+                       arrival_time=wall0) for item in items]
+    bar = tqdm(total=len(keys), desc=progress, unit="req", leave=False, disable=progress is None)
     if trace_steps:
         engine.on_tick = lambda t: bar.write(
             f"tick {t.plan.tick}: {t.plan.describe()}, {(t.end - t.start) * 1e3:.1f} ms")
+    finished: dict[Hashable, RequestOutput] = {}
     try:
-        engine.run_until_done(on_finish=lambda _r: bar.update())
+        for key, output in llm.run():
+            finished[key] = output
+            bar.update()
     finally:
         engine.on_tick = None
         bar.close()
     wall = time.perf_counter() - wall0
-    return RunResult(requests, wall, user_cpu_seconds() - cpu0, engine.ticks[start_ticks:])
+    return RunResult([finished[key] for key in keys], wall, user_cpu_seconds() - cpu0, engine.ticks[start_ticks:])

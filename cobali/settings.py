@@ -108,9 +108,11 @@ def _read(flags: dict[str, argparse.Action], path: str | None) -> dict[str, tupl
     from pydantic import create_model
     from pydantic_settings import BaseSettings, EnvSettingsSource
 
+    # Typed as Any: create_model's other keywords (__doc__, __config__...) would each be checked against a field.
+    fields: dict[str, Any] = {key: (Any, None) for key in flags}
     with warnings.catch_warnings():  # never instantiated: a key named like a BaseModel method (json) is harmless
         warnings.simplefilter("ignore")
-        model = create_model("CobaliSettings", __base__=BaseSettings, **{key: (Any, None) for key in flags})
+        model = create_model("CobaliSettings", __base__=BaseSettings, **fields)
     found = {key: (value, f"{path}: {key} = {value!r}") for key, value in _read_file(model, path, flags).items()}
     env = EnvSettingsSource(model, env_prefix=ENV_PREFIX, case_sensitive=False, env_ignore_empty=True)()
     found.update({key: (value, f"{ENV_PREFIX}{key.upper()}={value!r}") for key, value in env.items()})

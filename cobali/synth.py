@@ -103,7 +103,7 @@ def tensor_shapes(shape: ModelShape) -> Iterator[tuple[str, tuple[int, ...]]]:
 
 class WeightSource:
     """Random weight values: a pool of unit-variance values drawn once, read from random offsets. An 8B
-    model needs 8 G values, whose drawing alone takes minutes on 2 cores; only their scale matters here."""
+    model needs 8 G values, whose drawing alone would outlast the rest of the write; only their scale matters."""
 
     def __init__(self, seed: int = 0, pool_size: int = 1 << 22) -> None:
         self.rng = np.random.default_rng(seed)
@@ -152,8 +152,8 @@ def _add_tokenizer(writer: gguf.GGUFWriter, source: str, n_vocab: int | None = N
 
 
 def write_tokenizer(source: str, path: str) -> None:
-    """A GGUF holding only `source`'s tokenizer: what synth-model needs of the embedded model, in ~2 MB
-    instead of its 100 MB (the GPU kit carries it)."""
+    """A GGUF holding only `source`'s tokenizer: what synth-model needs of the embedded model, in a small
+    fraction of its file (the GPU kit carries it)."""
     writer = gguf.GGUFWriter(path, "llama")
     _add_tokenizer(writer, source)
     writer.write_header_to_file()
@@ -269,10 +269,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         metavar="TYPE", help=f"weight type ({', '.join(QUANT_TYPES)}); default Q5_K_M")
     parser.add_argument("--out", required=True, help="GGUF file to write")
     parser.add_argument("--arch", choices=("llama", "qwen2"), default=None)
-    for dim, what in (("n-layer", "layers"), ("n-embd", "hidden size"), ("n-head", "attention heads"),
-                      ("n-head-kv", "KV heads"), ("n-ff", "FFN size"), ("n-vocab", "vocabulary (>= 49152)"),
-                      ("head-dim", "attention head size, if not hidden size / heads (llama only; Qwen3's: 128)")):
-        parser.add_argument(f"--{dim}", type=positive_int, default=None, help=f"{what} (overrides --like)")
+    for flags, what in (
+            (["--n-layer"], "layers"), (["--n-embd"], "hidden size"), (["--n-head"], "attention heads"),
+            (["--n-head-kv"], "KV heads"), (["--n-ff"], "FFN size"),
+            (["--n-vocab", "--vocab-size"], "vocabulary, >= the tokenizer's: it is padded with unused tokens to it, "
+             "so the embeddings, the output projection and the logits cost what a real model's do (--like's real "
+             "size by default: 151936 for qwen2.5-0.5b)"),
+            (["--head-dim"], "attention head size, if not hidden size / heads (llama only; Qwen3's: 128)")):
+        parser.add_argument(*flags, type=positive_int, default=None, help=f"{what} (overrides --like)")
     parser.add_argument("--tied", action="store_true", help="without --like: output projection = embeddings")
     parser.add_argument("--tokenizer", default=None,
                         help="GGUF whose tokenizer is copied (default: the embedded SmolLM2 model)")

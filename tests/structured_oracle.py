@@ -1,11 +1,11 @@
 """Which texts a constraint allows, asked of llguidance itself: a fresh matcher walked over a text's tokens.
 
-The oracle for the structured-output tests (tests/unit/structured/test_structured_constraints.py, test_grammar_fuzz.py and
-their integration twins): a grammar allows a text when the matcher consumes every one of the text's tokens and is
-then in an accepting state, so the text may end there. llguidance reads text as bytes, so any tokenization of a
-text gives the same answer; BYTES_VOCABULARY (one token a byte, and an end token) can write every text, where the
-fake backend's vocabulary (printable ASCII, one character a token) cannot write a newline or a non-ASCII letter.
-"""
+The oracle for the structured-output tests (tests/unit/structured/test_structured_constraints.py,
+test_grammar_fuzz.py and their integration twins): a grammar allows a text when the matcher consumes every one of
+the text's tokens and is then in an accepting state, so the text may end there. llguidance reads text as bytes, so
+any tokenization of a text gives the same answer; BYTES_VOCABULARY (one token a byte, and an end token) can write
+every text, where the fake backend's vocabulary (printable ASCII, one character a token) cannot write a newline or a
+non-ASCII letter."""
 
 from __future__ import annotations
 

@@ -29,9 +29,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "serving"))
 from kit_report import RATIO_KEYS, device_name, host_overhead, markdown, plot  # noqa: E402  (a sibling)
-from soak import started_process  # noqa: E402  (a sibling script: one way to start a server and await it)
+from soak import started_process  # noqa: E402  (bench/serving's: one way to start a server and await it)
 
 TABLE2 = "seq,static,cont-split512,cont-split256,cont-split128,cont-split512-async"
 VARIANTS = {"threads1": ["--threads", "1"], "threads4": ["--threads", "4"], "kv-unified": ["--kv-unified"],
@@ -113,13 +113,14 @@ def variants(kit: Kit, model: Path, table: dict) -> list[dict]:
 
 
 def decode_probe(kit: Kit, model: Path) -> list[dict]:
-    """Decode-only ticks (bench/decode_throughput.py): how much of the host's time per tick is the argmax."""
+    """Decode-only ticks (bench/engine/decode_throughput.py): how much of the host's time per tick is the argmax."""
     rows = []
     for slots in kit.args.probe_slots:
         saved = kit.out / f"decode_{slots}.json"
         if not saved.exists():
-            kit.run([sys.executable, "bench/decode_throughput.py", *engine_flags(kit.args, model), "--max-slots",
-                     str(slots), "--prompt-tokens", "32", "--gen-tokens", "64", "--repeat", "2", "--json", str(saved)])
+            kit.run([sys.executable, "bench/engine/decode_throughput.py", *engine_flags(kit.args, model),
+                     "--max-slots", str(slots), "--prompt-tokens", "32", "--gen-tokens", "64", "--repeat", "2",
+                     "--json", str(saved)])
         rows += [{"slots": slots, **row} for row in json.loads(saved.read_text())]
     return rows
 

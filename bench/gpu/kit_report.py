@@ -66,7 +66,8 @@ def variant_lines(variants: list[dict]) -> list[str]:
 
 
 def decode_lines(rows: list[dict]) -> list[str]:
-    lines = ["", "## Decode-only ticks (bench/decode_throughput.py, 32-token prompts, 64 new tokens, two runs)", "",
+    lines = ["", "## Decode-only ticks (bench/engine/decode_throughput.py, 32-token prompts, 64 new tokens, two runs)",
+             "",
              "| slots | tok/s | tick ms | decode ms | host ms | of it argmax ms |", "|---:|---:|---:|---:|---:|---:|"]
     return lines + [f"| {r['slots']} | {r['tok_s']:.1f} | {r['tick_ms']:.2f} | {r['decode_ms']:.2f} | "
                     f"{r['host_ms']:.3f} | {r['argmax_ms']:.3f} |" for r in rows]

@@ -45,6 +45,10 @@ class SamplingParams:
     # vLLM's: cached prompt KV is shared only among requests with the same salt (None: among unsalted ones), so one
     # tenant cannot learn another's prompts from its cache hits. The engine's prefix cache reads it, no sampler.
     cache_salt: str | None = None
+    # Control tokens whose text the output keeps (llama-server's preserved tokens): the tags a reply parser reads,
+    # which llama.cpp renders as no text. Made by the server from its parsers, never from a request: its size is
+    # the parsers' tags, not the client's.
+    preserved_tokens: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -66,6 +70,8 @@ class SamplingParams:
         _check(0 <= self.min_tokens <= self.max_tokens,
                f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids (>= 0)")
+        _check(isinstance(self.preserved_tokens, frozenset) and all(t >= 0 for t in self.preserved_tokens),
+               "preserved_tokens must be a frozenset of token ids (>= 0)")
         _check(self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
                "cache_salt must be a non-empty string")
         # A finished grammar allows nothing but an end token: banning it would leave no token to sample.
@@ -237,7 +243,13 @@ class Backend(Protocol):
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 
-    def token_bytes(self, token: int) -> bytes: ...
+    def token_bytes(self, token: int) -> bytes:
+        """A token's text as a reply shows it: a control token's is empty."""
+        ...
+
+    def special_token_bytes(self, token: int) -> bytes:
+        """A token's text with a control token's written out (`<|im_start|>`): what a preserved token shows."""
+        ...
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         """The prompt by the backend's own template matcher (no tools); ValueError if it has none."""

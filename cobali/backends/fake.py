@@ -8,6 +8,7 @@ a row whose position is not the next free position of its sequence is a schedule
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,10 @@ class FakeBackend:
     # come back as NaN, so a host that reads them (or samples them with a chain) goes wrong visibly.
     device_argmax: bool = False
     n_loras: int = 0  # "adapters": adapter i moves every greedy token by 7 * i
+    # Control tokens, as a real vocabulary's `<|im_start|>`: id -> the text they render as only with special
+    # rendering (their plain text is empty), which tokenize reads as one token. Ids past the characters a test
+    # writes (>= 96), so that no character becomes one.
+    control_tokens: dict[int, str] = field(default_factory=dict)
     batches: list[Batch] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -154,10 +159,24 @@ class FakeBackend:
         return mask
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        if not self.control_tokens:
+            return self._char_tokens(text)
+        by_text = {tag: token for token, tag in self.control_tokens.items()}
+        pieces = re.split("(" + "|".join(map(re.escape, sorted(by_text, key=len, reverse=True))) + ")", text)
+        # re.split puts the tags it split at in the odd places
+        return [t for i, piece in enumerate(pieces) for t in ([by_text[piece]] if i % 2 else self._char_tokens(piece))]
+
+    def _char_tokens(self, text: str) -> list[int]:
         return [max(1, min(ord(c) - _FIRST_CHAR + 1, self.n_vocab - 1)) for c in text]
 
     def token_bytes(self, token: int) -> bytes:
-        return b"" if token == EOG_TOKEN else chr(_FIRST_CHAR - 1 + token).encode()
+        if token == EOG_TOKEN or token in self.control_tokens:
+            return b""
+        return chr(_FIRST_CHAR - 1 + token).encode()
+
+    def special_token_bytes(self, token: int) -> bytes:
+        control = self.control_tokens.get(token)
+        return control.encode() if control is not None else self.token_bytes(token)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
@@ -236,8 +255,11 @@ class _FakeVocabulary:
     """The fake's vocabulary as llguidance's TokenizerWrapper reads a tokenizer: the end token is special."""
 
     def __init__(self, backend: FakeBackend) -> None:
-        self.eos_token_id, self.bos_token_id, self.special_token_ids = EOG_TOKEN, None, [EOG_TOKEN]
-        self.tokens = [b"\xff<eos>"] + [backend.token_bytes(t) for t in range(1, backend.n_vocab)]
+        self.eos_token_id, self.bos_token_id = EOG_TOKEN, None
+        self.special_token_ids = [EOG_TOKEN, *backend.control_tokens]
+        # llguidance's form of a special token: 0xff, then its text
+        self.tokens = [b"\xff<eos>"] + [b"\xff" + backend.special_token_bytes(t) if t in backend.control_tokens
+                                        else backend.token_bytes(t) for t in range(1, backend.n_vocab)]
         self._backend = backend
 
     def __call__(self, text: bytes) -> list[int]:

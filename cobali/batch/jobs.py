@@ -9,17 +9,17 @@ so a killed job keeps everything finished so far and a rerun skips the ids alrea
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from cobali.backends.base import SamplingParams
-from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
-from cobali.engine.request import Request
+from cobali.engine.outputs import RequestOutput
 from cobali.jsonl import ResultsFile
 from cobali.latency import request_record
+from cobali.offline import LLM, Pending
 from cobali.workloads import entry_max_tokens
 
 OUTPUT_FIELDS = ("text", "finish_reason", "prompt_tokens", "output_tokens")
@@ -71,8 +71,8 @@ def read_jobs(path: str | Path) -> list[Job]:
     return jobs
 
 
-def output_line(job_id: JobId, request: Request) -> str:
-    record = request_record(request)
+def output_line(job_id: Hashable, output: RequestOutput) -> str:
+    record = request_record(output)
     out = {"id": job_id, **{k: record[k] for k in OUTPUT_FIELDS}}
     if record["error"] is not None:
         out["error"] = record["error"]
@@ -85,19 +85,18 @@ def run_shard(engine: Engine, shard: Shard, out: IO[str], max_new: int,
     it finishes; returns how many were written."""
     assert not engine.has_work, "a shard needs the engine to itself"
     engine.slots.drop_cached_prefixes()
-    driver = Driver(engine)
+    llm = LLM(engine, LLM.feed_window(engine))
     for job in shard.jobs:
-        driver.push(Pending(job.id, job.prompt, SamplingParams(max_tokens=job.max_tokens or max_new)))
+        llm.push(Pending(job.id, job.prompt, SamplingParams(max_tokens=job.max_tokens or max_new)))
     written = 0
-    while driver.has_work:
-        for job_id, request in driver.step():
-            if job_id not in shard.wanted:
-                continue
-            out.write(output_line(job_id, request) + "\n")
-            out.flush()
-            written += 1
-            if on_done is not None:
-                on_done()
+    for job_id, output in llm.run():
+        if job_id not in shard.wanted:
+            continue
+        out.write(output_line(job_id, output) + "\n")
+        out.flush()
+        written += 1
+        if on_done is not None:
+            on_done()
     return written
 
 

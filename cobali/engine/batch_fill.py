@@ -8,9 +8,10 @@ from typing import NamedTuple
 import numpy as np
 
 from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, BatchArrays
-from cobali.engine.plan import Chunk
-from cobali.engine.prompt_logprobs import record_prompt_logprobs, wants_prompt_logits
-from cobali.engine.request import Request, RequestState
+from cobali.engine.plan import Chunk, ChunkKind
+from cobali.engine.prompt_logprobs import read_prompt_logprobs, wants_prompt_logits
+from cobali.engine.request import Request
+from cobali.engine.sampling import TokenLogprob
 from cobali.engine.speculative import Verify
 
 
@@ -52,13 +53,14 @@ class _Rows(NamedTuple):
     verifies: list[Verify]
 
 
-def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int, Request], now: float,
+def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: Mapping[int, Request],
                drafts: Mapping[int, tuple[int, ...]]) -> Filled:
     """Write the plan's rows (Plan.rows, with Plan.drafts) into the backend's batch arrays. Every
     row goes into Python lists first and each array is written once: per-row numpy writes cost more than
-    the rows themselves at hundreds of decode rows. A request's first chunk stamps its first scheduling."""
+    the rows themselves at hundreds of decode rows. The rows come from the chunks alone (their kind and
+    positions): the requests already count the plan as run (Scheduler._commit)."""
     row_requests = [requests[chunk.request_id] for chunk in rows]
-    r = _collect(rows, row_requests, now, drafts)
+    r = _collect(rows, row_requests, drafts)
     b, n = arrays, len(r.tokens)
     b.tokens[:n] = r.tokens
     b.positions[:n] = r.positions
@@ -72,15 +74,15 @@ def fill_batch(arrays: BatchArrays, rows: tuple[Chunk, ...], requests: dict[int,
                   len(r.argmax_rows) == len(r.sample_rows) and not r.prompt_logits, tuple(r.verifies))
 
 
-def _collect(rows: tuple[Chunk, ...], row_requests: list[Request], now: float,
-             drafts: Mapping[int, tuple[int, ...]]) -> _Rows:
+def _collect(rows: tuple[Chunk, ...], row_requests: list[Request], drafts: Mapping[int, tuple[int, ...]]) -> _Rows:
     r = _Rows([], [], [], [], [], [], [], [], [], [])
     tokens, positions, seq_ids, samplers, sample_rows, out_rows, argmax_rows = r[:7]
     out = 0  # logits rows so far
+    decode = ChunkKind.DECODE
     for chunk, request in zip(rows, row_requests, strict=True):
-        if request.state is RequestState.DECODE:  # a decode row, and maybe guessed tokens behind it
+        if chunk.kind is decode:  # a decode row (its input: the last token, or the stand-in of one in flight)
             row = len(tokens)
-            tokens.append(request.output_tokens[-1])
+            tokens.append(request.output_tokens[chunk.start - len(request.prompt_tokens)])
             positions.append(chunk.start)
             seq_ids.append(chunk.slot)
             samplers.append(request)
@@ -92,21 +94,19 @@ def _collect(rows: tuple[Chunk, ...], row_requests: list[Request], now: float,
             out += 1
             if chunk.n_tokens > 1:  # the guesses are read as the decode row is, and verified after it samples
                 draft = drafts[request.id]
-                r.verifies.append(Verify(request, chunk.slot, draft, out))
+                r.verifies.append(Verify(request, chunk.slot, draft, out, chunk.start + 1))
                 r.spans.append((range(row + 1, row + chunk.n_tokens), WANT_ARGMAX if argmax else WANT_LOGITS))
                 tokens += draft
                 positions += range(chunk.start + 1, chunk.end)
                 seq_ids += [chunk.slot] * len(draft)
                 out += len(draft)
             continue
-        if request.first_scheduled_time is None:
-            request.first_scheduled_time = now
         if wants_prompt_logits(request, chunk.start):
             # Every row's logits, the chunk's sampling row included
             r.spans.append((range(len(tokens), len(tokens) + chunk.n_tokens), WANT_LOGITS))
             r.prompt_logits.append(PromptLogits(request, chunk.start, out, chunk.n_tokens))
             out += chunk.n_tokens - chunk.yields_token  # the sampling row is counted below
-        tokens += request.tokens_to_feed(chunk.n_tokens)
+        tokens += request.tokens_between(chunk.start, chunk.end)
         positions += range(chunk.start, chunk.end)
         seq_ids += [chunk.slot] * chunk.n_tokens
         out += chunk.yields_token
@@ -119,7 +119,7 @@ def _collect(rows: tuple[Chunk, ...], row_requests: list[Request], now: float,
     return r
 
 
-def record_all_prompt_logprobs(filled: Filled, logits: np.ndarray) -> None:
-    """After the decode: the prompt logprobs its chunks asked for."""
-    for p in filled.prompt_logits:
-        record_prompt_logprobs(p.request, p.start, logits[p.out_row:p.out_row + p.n_rows])
+def read_all_prompt_logprobs(filled: Filled, logits: np.ndarray) -> tuple[tuple[Request, list[TokenLogprob]], ...]:
+    """After the decode: the prompt logprobs its chunks asked for, by request, not recorded yet."""
+    return tuple((p.request, read_prompt_logprobs(p.request, p.start, logits[p.out_row:p.out_row + p.n_rows]))
+                 for p in filled.prompt_logits)

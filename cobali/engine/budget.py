@@ -10,7 +10,7 @@ the ITL tail (StallTail): a few long stalls then cost the tail nothing, where ma
 Deadline: no fixed per-tick target; prefill gets the largest chunk whose predicted tick still delivers
 every decoding request's next token by its deadline (a TPOT SLO, see DeadlineBudget).
 
-The costs are learned online (engine/costfit.py) from every tick the engine times, seeded by a profile
+The costs are learned online (engine/costs.py: OnlineCostFit) from every tick the engine times, seeded by a profile
 when one is given. Until the fit is confident, a tick that decodes gets only min_chunk prefill tokens:
 the smallest chunk that runs at full speed, a conservative fixed budget on any hardware.
 """
@@ -22,14 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from cobali.engine.costfit import CostCoefficients, OnlineCostFit, TickTerms
+from cobali.engine.costs import CostProfile, OnlineCostFit, TickTerms
 from cobali.engine.plan import Plan
 from cobali.engine.request import Request
-
-
-class CostModel(Protocol):
-    def predict_tick_s(self, n_prefill_tokens: int, n_decode_rows: int, decode_kv_tokens: int,
-                       prefill_kv_tokens: int = 0) -> float: ...
 
 
 class TickBudget(Protocol):
@@ -131,7 +126,7 @@ def prefill_within(seconds: float, costs: OnlineCostFit, n_batch: int, min_chunk
     if not costs.confident:
         return floor
     base = costs.predict(decodes)
-    per_token = costs.predict_tick_s(1, decodes.decode_rows, decodes.decode_kv_tokens, prefill_depth) - base
+    per_token = costs.predict(TickTerms(1, decodes.decode_rows, decodes.decode_kv_tokens, prefill_depth)) - base
     # A fit in which prefill is free is noise: it gets the conservative minimum, not the whole batch.
     fit = int((seconds - base) / per_token) if per_token > 0 else 0
     return max(min(fit, room), floor)
@@ -184,12 +179,19 @@ class DeadlineBudget:
 
 
 class BudgetSettings(Protocol):
-    """The engine config's budget fields (EngineConfig)."""
+    """The engine config's budget fields (EngineConfig, frozen: read-only here)."""
 
-    n_batch: int
-    itl_target_ms: float
-    tpot_slo_ms: float
-    itl_max_ms: float
+    @property
+    def n_batch(self) -> int: ...
+
+    @property
+    def itl_target_ms(self) -> float: ...
+
+    @property
+    def tpot_slo_ms(self) -> float: ...
+
+    @property
+    def itl_max_ms(self) -> float: ...
 
 
 def check_budget_settings(settings: BudgetSettings) -> None:
@@ -198,7 +200,7 @@ def check_budget_settings(settings: BudgetSettings) -> None:
             raise ValueError(f"{name} must be >= 0, got {getattr(settings, name)}")
 
 
-def tick_budget(settings: BudgetSettings, costs: CostCoefficients | None, prefill_tile: int = 1) -> TickBudget:
+def tick_budget(settings: BudgetSettings, costs: CostProfile | None, prefill_tile: int = 1) -> TickBudget:
     """costs: a profile that seeds the learned costs, or None to learn them from scratch. A TPOT SLO
     (> 0) picks the deadline budget, bounded by itl_max_ms (0: unbounded), with the ITL target as its floor;
     else an ITL target (> 0) the adaptive one; else the fixed n_batch."""

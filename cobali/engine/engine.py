@@ -1,8 +1,16 @@
-"""The tick loop: plan one batch, run one decode, sample every request at its row."""
+"""The engine: requests in, outputs out, a tick at a time.
+
+A tick is three calls. schedule() plans one batch and commits it (each request counts its rows);
+execute(plan) runs it on the backend (engine/executor.py, the only code that touches it);
+update_from_output(plan, result) puts the sampled tokens in place, decodes their text, checks stops, finishes
+requests and makes their outputs (engine/outputs.py). Async scheduling (engine/overlap.py) runs the same
+three calls, the next plan beside the running decode.
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -10,37 +18,26 @@ from collections.abc import Callable
 import numpy as np
 
 from cobali.backends.base import Backend, DecodeError, SamplingParams
-from cobali.engine.adapters import Adapters
-from cobali.engine.batch_fill import Filled, fill_batch, record_all_prompt_logprobs
-from cobali.engine.budget import tick_budget
-from cobali.engine.costfit import CostCoefficients
-from cobali.engine.detok import TextStream
-from cobali.engine.driving import Driving
+from cobali.engine.budget import AdaptiveBudget, DeadlineBudget, tick_budget
+from cobali.engine.costs import CostProfile
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.executor import Executor, StepResult
 from cobali.engine.kv import SlotPool
-from cobali.engine.kv_tier import KvRunner
+from cobali.engine.model_info import ModelInfo, SlotState, Tokenizer, slot_states
+from cobali.engine.outputs import EngineStats, RequestOutput, final_output_of, output_of
 from cobali.engine.overlap import Pipeline
-from cobali.engine.plan import Plan, TickRecord
-from cobali.engine.policies import admission_for_mode, batch_policy, kv_policy
-from cobali.engine.queue import WaitQueue
-from cobali.engine.request import FinishReason, Request, Sampled
-from cobali.engine.sampling import RowSampler, token_logprob
+from cobali.engine.plan import ChunkKind, Plan, TickRecord
+from cobali.engine.request import Drafted, FinishReason, Request
 from cobali.engine.scheduler import Scheduler
-from cobali.engine.speculative import Drafted, NgramDrafter, verify
-from cobali.structured.compiler import GrammarCompiler
-from cobali.structured.guide import Guide
 
-# Called with a request's new text (as it comes, or every stream_interval tokens) and at finish: (request, text
-# delta, the outputs it covers: with async scheduling the request already holds a stand-in for the next one).
-# Runs on the thread that streams the tokens (with async scheduling, the host's).
-TokenCallback = Callable[[Request, str, int], None]
+log = logging.getLogger("cobali.engine")
 
 
-class Engine(Driving):
-    """The tick loop and its requests' lifecycle; Driving adds the blocking run, generate and stream."""
+class Engine:
+    """Requests in (add_request, abort: thread-safe), outputs out (step, or the on_outputs sink)."""
 
     def __init__(self, backend: Backend, config: EngineConfig | None = None,
-                 clock: Callable[[], float] = time.perf_counter, costs: CostCoefficients | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, costs: CostProfile | None = None) -> None:
         """costs: a cost profile that seeds the tick costs an ITL target learns online."""
         self.backend = backend
         self.clock = clock  # every timestamp comes from it; a simulated backend passes its virtual one
@@ -48,71 +45,57 @@ class Engine(Driving):
         config.check_backend(backend.info)
         self.slots = SlotPool(backend.info, config.max_slots, config.prefix_cache, compact=config.compact_slots,
                               host_mib=config.host_cache_mib)
-        self.kv_runner = KvRunner(backend)
         self.requests: dict[int, Request] = {}
-        self.adapters = Adapters(backend, self.requests, config.lora_updates)
-        self.scheduler = Scheduler(
-            self.slots, admission_for_mode(config.mode, config.prefill_chunk_tokens), config.n_batch,
-            batch=batch_policy(config.policy), kv=kv_policy(config.kv_admission), queue=WaitQueue(config.queue),
-            budget=tick_budget(config, costs, backend.info.prefill_tile), prefill_tile=backend.info.prefill_tile,
-            drafter=NgramDrafter(config.spec) if config.spec.enabled else None, adapters=self.adapters.enabled,
-        )
-        # Constraints compile on the server's workers (a copy per request here): the guide masks their rows.
-        self.grammars = GrammarCompiler(backend.guidance_tokenizer, config.grammar_limits)
-        self.sampler = RowSampler(backend, np.flatnonzero(backend.eog_mask()),
-                                  Guide(self.grammars, backend.info.n_vocab))
-        self._eog_ids = frozenset(self.sampler.eog_ids.tolist())
+        self.executor = Executor(backend, config, self.requests, clock)
+        self.adapters = self.executor.adapters  # loaded and unloaded between ticks, on the engine's thread
+        self.grammars = self.executor.grammars
+        self.scheduler = Scheduler(config, self.slots, tick_budget(config, costs, backend.info.prefill_tile),
+                                   prefill_tile=backend.info.prefill_tile, adapters=self.adapters.enabled)
+        self.tokenizer = Tokenizer(backend, self.slots.accountant.seq_limit, self.slots.accountant.context_hint())
         self.ticks: list[TickRecord] = []
         self.on_tick: Callable[[TickRecord], None] | None = None
-        # After a decode's tokens were streamed, on the thread that streamed them (async scheduling: the host's).
-        self.on_accepted: Callable[[], None] | None = None
-        self._ids = itertools.count()
-        self._texts: dict[int, TextStream] = {}
+        # Takes the outputs as they are made, on the thread that made them (with async scheduling, the host's);
+        # None: step() returns them.
+        self.on_outputs: Callable[[list[RequestOutput]], None] | None = None
         self.n_cut = 0  # requests that ended while a decode in flight sampled their next token (async scheduling)
-        self.n_draft_tokens = self.n_accepted_tokens = 0  # guessed tokens fed, and those kept (engine/spec.py)
-        self._n_logprobs = 0  # requests taken in and not finished that report sampled tokens' logprobs
-        self._callbacks: dict[int, TokenCallback] = {}
+        self._ids = itertools.count()
+        self._made: list[RequestOutput] = []  # not handed out yet
+        self._costs_confident = False
         # Other threads hand over work through these; deque append/popleft are atomic.
         self._inbox: deque[Request] = deque()
         self._aborts: deque[int] = deque()
-        self._batch = backend.batch_arrays()  # filled in place: decode reads these very arrays
         self._pipeline = Pipeline(self) if config.async_scheduling else None
 
-    def tokenize_prompt(self, prompt: str | list[int], keep: int | None = None) -> list[int]:
-        """keep: only the last `keep` tokens (vLLM's truncate_prompt_tokens)."""
-        limit = self.slots.accountant.seq_limit
-        if isinstance(prompt, str):  # one that cannot fit is not tokenized: the cost grows with the text
-            most = ((keep + 1) if keep else limit) * self.backend.info.max_token_bytes
-            if keep is None and most and len(prompt) > most:
-                raise ValueError(f"prompt has over {limit} tokens ({len(prompt)} characters); the context holds "
-                                 f"{limit} per request ({self.slots.accountant.context_hint()})")
-            tokens = self.backend.tokenize(prompt[-most:] if most else prompt)
-        else:
-            tokens = list(prompt)
-        tokens = tokens if keep is None else tokens[-keep:]
-        if not tokens:
-            raise ValueError("prompt is empty")
-        if len(tokens) >= limit:
-            raise ValueError(f"prompt has {len(tokens)} tokens; the context holds {limit} per request "
-                             f"({self.slots.accountant.context_hint()})")
-        n_vocab = self.backend.info.n_vocab
-        if any(not 0 <= t < n_vocab for t in tokens):
-            raise ValueError(f"prompt token ids must be in [0, {n_vocab})")
-        return tokens
+    def model_info(self) -> ModelInfo:
+        """The loaded model, as the frontend checks requests against it: on the engine's thread (it asks the
+        backend)."""
+        accountant = self.slots.accountant
+        return ModelInfo(self.backend.info.n_vocab, accountant.seq_limit, accountant.context_hint(),
+                         self.backend.info.description, self.config.max_slots, self.backend.chat_template_source(),
+                         self.backend.embedding_limits)
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    on_token: TokenCallback | None = None, arrival_time: float | None = None, priority: int = 0,
-                    stream_interval: int = 1, lora: int = 0) -> Request:
-        """Queue a request; thread-safe. Raises ValueError for a prompt that can never run. on_token gets the new
-        text every stream_interval tokens (the first text at once), and at the end. lora: its adapter, 0: none."""
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Pooled embeddings, one row per input: from any thread, beside the ticks (the backend embeds in a context
+        of its own), one call at a time."""
+        return self.backend.embed(inputs)
+
+    def slot_states(self) -> tuple[SlotState, ...]:
+        """Every slot and the request in it; on the engine's thread, between two ticks."""
+        return slot_states(self.scheduler.running, self.config.max_slots)
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+                    arrival_time: float | None = None, priority: int = 0, stream_interval: int | None = None,
+                    lora: int = 0) -> Request:
+        """Queue a request; thread-safe. Raises ValueError for a prompt that can never run. stream_interval: its
+        new text goes out every this many tokens (the first text at once) and at its end; None: at its end only.
+        lora: its adapter, 0: none. Returns the engine's own record of it: a frontend keeps only its id."""
+        assert stream_interval is None or stream_interval >= 1, stream_interval
         params = params or SamplingParams()
         self.adapters.check(lora)
-        request = Request(next(self._ids), self.tokenize_prompt(prompt), params, priority=priority, lora=lora,
+        request = Request(next(self._ids), self.tokenizer.prompt_tokens(prompt), params, priority=priority,
+                          lora=lora, stream_interval=stream_interval,
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
         self.requests[request.id] = request
-        self._texts[request.id] = TextStream(params.stop, stream_interval, params.min_tokens, params.include_stop_str)
-        if on_token is not None:
-            self._callbacks[request.id] = on_token
         self._inbox.append(request)
         return request
 
@@ -127,53 +110,77 @@ class Engine(Driving):
 
     def save_a_cached_prefix(self) -> bool:
         """Idle, copy one cached prefix to host memory (after the KV ops pending): the request that takes its slot
-        later then waits for no save (fresh pages, ~2 ms a MiB on this VM). False when none is left to save."""
+        later then waits for no save. False when none is left to save."""
         if not self.slots.save_a_cached_prefix():
             return False
-        self.kv_runner.run(self.slots.take_kv_ops())
+        self.executor.run_kv_ops(self.slots.take_kv_ops())
         return True
 
-    def step(self) -> TickRecord | None:
-        """Run one tick; None when nothing could run. With async scheduling the record is of the tick whose
-        decode finished in this call, while the next one's already runs."""
+    def step(self) -> list[RequestOutput]:
+        """Run one tick: its outputs (none when on_outputs takes them). With async scheduling, those of the tick
+        whose decode finished before this call's."""
         if self._pipeline is not None:
             return self._pipeline.step()
-        start = self.clock()
-        self.take_submissions(start)
-        plan = self.scheduler.schedule(start)
-        self.kv_runner.run(plan.kv_ops)
-        if plan.is_empty:
-            self.fail_unrunnable_head(start)
-            return None
-        filled = fill_batch(self._batch, plan.rows, self.requests, start, plan.drafts)
-        self.adapters.use(plan.lora)
-        n = filled.n_rows
-        n_running, n_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        decode_start = self.clock()
-        try:
-            b = self._batch
-            logits = self.backend.decode(b.tokens[:n], b.positions[:n], b.seq_ids[:n], b.want_logits[:n])
-        except DecodeError as err:
-            decode_end = self.clock()
-            self._recover(plan, err, decode_end)
-            decoded = False
+        plan = self.schedule()
+        return self.deliver(self.update_from_output(plan, self.execute(plan)))
+
+    def schedule(self) -> Plan:
+        """Take what other threads handed over, and plan (and commit) the next tick."""
+        now = self.clock()
+        self.take_submissions(now)
+        plan = self.scheduler.schedule(now)
+        if self.on_outputs is not None and self._made:  # aborted requests hear of it now
+            self.on_outputs(self._take_made())
+        return plan
+
+    def execute(self, plan: Plan) -> StepResult:
+        """Run the plan on the backend: its KV operations, its batch, the samples."""
+        return self.executor.execute(plan)
+
+    def update_from_output(self, plan: Plan, result: StepResult, later: Plan | None = None) -> list[RequestOutput]:
+        """Apply what the plan's decode gave (tokens in place, text decoded, stops checked, requests finished),
+        record the tick, and return every output made since the last call. later (async scheduling): a plan made
+        on this one as if it ran; if this one's decode failed, that one never runs either."""
+        if result.error is not None:
+            self._recover(plan, result.error, result.decode_end, later)
+        elif plan.chunks:
+            # With async scheduling the tokens reach their streams now, a decode after they were sampled.
+            self._apply(result, self.clock() if self._pipeline is not None else result.decode_end)
         else:
-            decode_end = self.clock()
-            self.advance(plan, filled)
-            sampled = self.sample(filled, logits)
-            self.place_tokens(sampled)
-            self.accept(sampled, decode_end)
-            decoded = True
-        record = TickRecord(plan, start, decode_start, decode_end, self.clock(),
-                            n_running=n_running, n_waiting=n_waiting)
-        # The whole tick, host work included, is what a client sees between two tokens.
-        self.close_tick(record, record.end - record.start if decoded else None)
-        return record
+            self.fail_unrunnable_head(plan.start)
+        if plan.chunks:
+            self._record(plan, result)
+        return self._take_made()
+
+    def deliver(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Hand outputs to on_outputs, if set (then none are left to return)."""
+        if self.on_outputs is None:
+            return outputs
+        if outputs:
+            self.on_outputs(outputs)
+        return []
+
+    def _take_made(self) -> list[RequestOutput]:
+        made, self._made = self._made, []
+        return made
+
+    def _record(self, plan: Plan, result: StepResult) -> None:
+        if self._pipeline is None:  # the whole tick, host work included, is what a client sees between two tokens
+            record = TickRecord(plan, result.decode_start, result.decode_end, self.clock())
+            seconds = record.end - record.start
+        else:  # the host work hid beside the decode: the clients waited for the decode and the sampling
+            record = TickRecord(plan, result.decode_start, result.decode_end, result.sampled_at)
+            seconds = record.end - record.decode_start
+        self.close_tick(record, None if result.error is not None else seconds)
 
     def close_tick(self, record: TickRecord, seconds: float | None) -> None:
         """Learn the tick's cost (seconds: what it cost the clients; None: it failed) and publish its record."""
         if seconds is not None:
             self.scheduler.budget.observe(record.plan, seconds)
+            budget = self.scheduler.budget
+            if isinstance(budget, AdaptiveBudget | DeadlineBudget) and budget.costs.confident != self._costs_confident:
+                self._costs_confident = budget.costs.confident  # logged as it changes: learned, or costs moved
+                log.info("tick costs: %s", budget.costs.describe())
         if self.config.record_ticks:
             self.ticks.append(record)
         if self.on_tick is not None:
@@ -182,94 +189,76 @@ class Engine(Driving):
     def take_submissions(self, now: float) -> None:
         while self._inbox:
             request = self._inbox.popleft()
-            self._n_logprobs += request.params.logprobs is not None  # counted here: one thread writes it
+            self.executor.add(request)
             self.scheduler.add(request)
         while self._aborts:
-            request = self.requests.get(self._aborts.popleft())
-            if request is not None and not request.is_finished:
-                self.finish(request, FinishReason.ABORT, now)
+            aborted = self.requests.get(self._aborts.popleft())
+            if aborted is not None and not aborted.is_finished:
+                self.finish(aborted, FinishReason.ABORT, now)
 
     def fail_unrunnable_head(self, now: float) -> None:
         """Nothing runs or was admitted: the queue head fits not even in an empty KV, and would wait forever."""
         if self.scheduler.waiting and not self.scheduler.running:
             self.finish(self.scheduler.waiting[0], FinishReason.ERROR, now, "the request does not fit in the KV cache")
 
-    def _recover(self, plan: Plan, err: DecodeError, now: float) -> None:
-        """No KV slot: the batch's newest request is preempted, whatever the admission policy (llama.cpp left the
-        KV as it was: the rest run again next tick). Any other failure, or a lone request that cannot fit, fails."""
-        in_batch = {c.request_id for c in plan.chunks}
-        if err.no_kv_slot and len(in_batch) > 1:
-            self.scheduler.preempt_newest("llama_decode found no KV slot", among=in_batch)
-            return
-        for request_id in in_batch:
-            self.finish(self.requests[request_id], FinishReason.ERROR, now, f"decode failed: {err}")
-
-    def advance(self, plan: Plan, filled: Filled, pending: bool = False) -> None:
-        """Count the plan's rows into its requests' KV; pending (async scheduling, at launch): also the tokens
-        its decode will sample, as stand-ins the next plan can already feed."""
-        for chunk, request in zip(plan.rows, filled.requests, strict=True):
-            request.advance(chunk.n_tokens, pending and chunk.yields_token)
-
-    def sample(self, filled: Filled, logits: np.ndarray, cut_since: int | None = None) -> Sampled:
-        """Sample every request at its row, and record the logprobs asked for; reads the logits, so it runs
-        before the next decode. cut_since (async scheduling): self.n_cut when the batch was filled; a request
-        that ended since, while its row was in flight, is skipped."""
-        record_all_prompt_logprobs(filled, logits)
-        sampled, rows, out_rows = filled.samplers, filled.sample_rows, filled.out_rows
-        if cut_since not in (None, self.n_cut):
-            keep = [i for i, request in enumerate(sampled) if not request.is_finished]
-            sampled, rows, out_rows = [sampled[i] for i in keep], [rows[i] for i in keep], [out_rows[i] for i in keep]
-        elif filled.argmax_only and not filled.verifies:  # greedy, no logprobs: one reduction, nothing per request
-            return Sampled(sampled, self.backend.argmax(logits), {})
-        best = self.backend.argmax(logits) if filled.verifies else None
-        if best is not None and filled.argmax_only:
-            tokens, failures = best[out_rows].tolist(), {}
+    def _recover(self, plan: Plan, err: DecodeError, now: float, later: Plan | None) -> None:
+        """The decode failed and llama.cpp left the KV as it was. No KV slot: the batch's newest request goes back
+        to the queue, whatever the admission policy, and the rest run again. Any other failure, or a lone request
+        that cannot fit, fails the batch. With a later plan made on this one, every request of either goes back."""
+        in_batch = [r for r in dict.fromkeys(self.requests.get(c.request_id) for c in plan.chunks)
+                    if r is not None and not r.is_finished]
+        if later is None:
+            for chunk in plan.chunks:
+                self.requests[chunk.request_id].undo(chunk.start, chunk.yields_token, chunk.kind is ChunkKind.PREFILL)
         else:
-            tokens, failures = self.sampler.sample(logits, sampled, rows, out_rows)
-        if self._n_logprobs:
-            for request, token, out_row in zip(sampled, tokens, out_rows, strict=True):
-                if token is not None and request.params.logprobs is not None:
-                    request.logprobs.append(token_logprob(logits[out_row], token, request.params.logprobs))
-        if best is None:
-            return Sampled(sampled, tokens, failures)
-        drafted = verify(filled.verifies, sampled, tokens, best, logits)
-        self.n_draft_tokens += sum(len(v.draft) for v in filled.verifies)
-        self.n_accepted_tokens += sum(len(d.tokens) for d in drafted.values())
-        return Sampled(sampled, tokens, failures, drafted=drafted)
+            for chunk in plan.chunks + later.chunks:
+                if (request := self.requests.get(chunk.request_id)) is not None:
+                    request.drop_pending_tokens()
+        if not (err.no_kv_slot and len(in_batch) > 1):
+            for request in in_batch:
+                self.finish(request, FinishReason.ERROR, now, f"decode failed: {err}")
+        elif later is None:
+            self.scheduler.preempt_newest("llama_decode found no KV slot", among={r.id for r in in_batch})
+        if later is not None:
+            for request_id in dict.fromkeys(c.request_id for c in plan.chunks + later.chunks):
+                self.scheduler.preempt_newest(f"decode failed: {err}", among={request_id})
 
-    def place_tokens(self, sampled: Sampled) -> None:
-        """Put the sampled tokens in their requests' outputs (over the stand-ins `advance` left, if any)."""
-        if isinstance(sampled.tokens, np.ndarray):
-            sampled.tokens = sampled.tokens.tolist()
-        sampled.counts[:] = [r.place_token(t) for r, t in zip(sampled.requests, sampled.tokens, strict=True)]
-
-    def accept(self, sampled: Sampled, now: float) -> None:
-        """Stream, stop-check and finish what was sampled (place_tokens first)."""
-        for request, token, count in zip(sampled.requests, sampled.tokens, sampled.counts, strict=True):
+    def _apply(self, result: StepResult, now: float) -> None:
+        """Each sampled token into its request's outputs (over its stand-in), with what was read beside it."""
+        for request, entries in result.prompt_logprobs:
+            request.prompt_logprobs += entries
+        tokens = result.tokens.tolist() if isinstance(result.tokens, np.ndarray) else result.tokens
+        logprobs, drafted = result.logprobs, result.drafted
+        for i, (request, token) in enumerate(zip(result.requests, tokens, strict=True)):
             if token is None:
-                self.finish(request, FinishReason.ERROR, now, sampled.failures[request.id])
-            else:
-                self._accept(request, token, count, now)
-                if sampled.drafted and request.id in sampled.drafted:
-                    self._accept_guesses(request, sampled.drafted[request.id], now)
-        if self.on_accepted is not None:
-            self.on_accepted()
+                self.finish(request, FinishReason.ERROR, now, result.failures[request.id])
+                continue
+            count = request.add_token(token)
+            if logprobs is not None and (logprob := logprobs[i]) is not None:
+                request.logprobs.append(logprob)
+            guessed = drafted.get(request.id) if drafted else None
+            if guessed is not None:  # the guessed rows count again one by one as their tokens are kept
+                request.computed_tokens = guessed.start
+            self._accept(request, token, count, now)
+            if guessed is not None:
+                self._accept_guesses(request, guessed, now)
 
     def _accept(self, request: Request, token: int, count: int, now: float) -> None:
-        """count: the request's outputs up to and including this token (more may stand in line behind it)."""
+        """Stream, stop-check and finish a token just placed; count: the request's outputs up to and including it
+        (with async scheduling a stand-in may stand in line behind it)."""
         request.token_times.append(now)
-        is_eog = (token in self._eog_ids and not request.params.ignore_eos) or token in request.params.stop_token_ids
-        stream = self._texts[request.id]
-        callback = self._callbacks.get(request.id)
+        params = request.params
+        is_eog = (token in self.executor.eog_ids and not params.ignore_eos) or token in params.stop_token_ids
+        stream = request.stream
         # Text is decoded only when someone reads it now: a due stream, or stop strings; else later or at the end.
-        due = callback is not None and stream.is_due(count)
-        hit_stop = not is_eog and (due or stream.checks_each_token) and self._decode_to(request, stream, count)
+        due = request.stream_interval is not None and stream.is_due(count)
+        hit_stop = not is_eog and (due or stream.checks_each_token) and self._decode_to(request, count)
         reason = (FinishReason.STOP if is_eog or hit_stop
                   else FinishReason.LENGTH if request.is_at_length(count, self.slots.accountant.seq_limit) else None)
         if reason is not None:
             self.finish(request, reason, now, stopped=hit_stop)
         elif due:  # with no text yet (an end token under ignore_eos, a held-back stop prefix): an empty delta, as vLLM
-            callback(request, stream.take(count), count)
+            self._made.append(output_of(request, stream.take(count), count))
 
     def _accept_guesses(self, request: Request, drafted: Drafted, now: float) -> None:
         """The tokens a tick's guesses gave, each counted into the KV as it is kept, until the request ends; the
@@ -280,33 +269,46 @@ class Engine(Driving):
             request.computed_tokens += 1
             if logprob is not None:
                 request.logprobs.append(logprob)
-            self._accept(request, token, request.place_token(token), now)
+            self._accept(request, token, request.add_token(token), now)
         if request.computed_tokens < drafted.end:
-            self.backend.remove_seq(drafted.slot, request.computed_tokens, -1)
+            self.executor.trim(drafted.slot, request.computed_tokens)
 
-    def _decode_to(self, request: Request, stream: TextStream, end: int) -> bool:
+    def _decode_to(self, request: Request, end: int) -> bool:
         """Push output tokens up to `end` into the request's text; True when a stop string was hit."""
+        stream = request.stream
         tokens = request.output_tokens[stream.decoded : end]
-        return bool(tokens) and stream.push(b"".join(map(self.backend.token_bytes, tokens)), decoded=end)
+        if not tokens:
+            return False
+        preserved, plain = request.params.preserved_tokens, self.executor.token_bytes  # preserved: their text kept
+        text = (b"".join(map(plain, tokens)) if not preserved else
+                b"".join(self.backend.special_token_bytes(t) if t in preserved else plain(t) for t in tokens))
+        return stream.push(text, decoded=end)
 
     def finish(self, request: Request, reason: FinishReason, now: float, error: str | Exception | None = None,
                stopped: bool = False) -> None:
-        """End a request and free its slot and KV now. stopped: a stop string cut its text."""
+        """End a request, free its slot and KV now, and make its final output. stopped: a stop string cut its text."""
         self.n_cut += request.drop_pending_tokens()
         request.finish(reason, now, error)
         del self.requests[request.id]
-        self.adapters.release(request.lora)
-        self._n_logprobs -= request.params.logprobs is not None
         self.scheduler.remove(request, keep_kv=reason in (FinishReason.STOP, FinishReason.LENGTH))
-        self.sampler.forget(request.id)
-        stream = self._texts.pop(request.id)
+        self.executor.release(request)
         if not stopped:  # the text not decoded yet (an end-of-generation token is not text)
-            self._decode_to(request, stream, len(request.output_tokens) - (reason is FinishReason.STOP))
-        delta = stream.close(stopped)
-        request.text = stream.text
+            self._decode_to(request, len(request.output_tokens) - (reason is FinishReason.STOP))
+        text = request.stream.close(stopped)
         if reason is FinishReason.STOP:  # vLLM's stop_reason: the stop string or stop token id; None: an end token
             last, ids = request.output_tokens[-1], request.params.stop_token_ids
-            request.stop_reason = stream.stop_hit if stopped else (last if last in ids else None)
-        callback = self._callbacks.pop(request.id, None)
-        if callback is not None:
-            callback(request, delta, len(request.output_tokens))
+            request.stop_reason = request.stream.stop_hit if stopped else (last if last in ids else None)
+        self._made.append(final_output_of(request, text))
+
+    def stats(self) -> EngineStats:
+        """The gauges and totals now; from any thread."""
+        scheduler, slots, executor, budget = self.scheduler, self.slots, self.executor, self.scheduler.budget
+        learned = budget.costs if isinstance(budget, AdaptiveBudget | DeadlineBudget) else None
+        tail = budget.tail if isinstance(budget, AdaptiveBudget) else None
+        return EngineStats(
+            len(scheduler.running), len(scheduler.waiting), sum(r.computed_tokens for r in list(scheduler.running)),
+            self.backend.info.n_ctx, scheduler.preemptions, slots.queried_tokens, slots.hit_tokens,
+            slots.host.hit_tokens if slots.host is not None else 0, executor.n_draft_tokens,
+            executor.n_accepted_tokens, executor.kv.saved_bytes,
+            learned.error if learned is not None else None, learned.confident if learned is not None else None,
+            tail.share if tail is not None else None)

@@ -19,8 +19,8 @@ class EngineConfig:
     prefill_chunk_tokens: int = 512
     n_batch: int = 512
     policy: str = "decode-max"
-    # reserve: measured faster than optimistic on a tight unified pool (7.20 s vs 8.09 s, short_burst on
-    # 512 cells); with per-sequence streams the two admit the same.
+    # reserve: it ran faster than optimistic on a tight unified pool (docs/results.md, "KV management"); with
+    # per-sequence streams the two admit the same.
     kv_admission: str = "reserve"
     queue: str = "fifo"
     prefix_cache: bool = True
@@ -30,6 +30,9 @@ class EngineConfig:
     # Per-sequence KV streams: keep the running requests in one run of slots, moving one into a gap a tick
     # (llama.cpp runs a forward pass per run of consecutive seq_ids).
     compact_slots: bool = True
+    # Per-sequence KV streams: prompt chunks join a tick only where llama.cpp still runs it in two forward passes
+    # (engine/policies.py, TwoPassTicks); off: every chunk the budget allows.
+    two_pass_ticks: bool = True
     itl_target_ms: float = 0.0  # > 0: adaptive tick budget from a cost profile; 0: fixed n_batch
     tpot_slo_ms: float = 0.0  # > 0: the deadline budget (engine/budget.py), bounded by itl_max_ms (0: none)
     itl_max_ms: float = 0.0

@@ -83,7 +83,7 @@ class SlotPool:
         if reused < self.min_reuse_tokens:
             source, reused = None, 0
         keeping = self._slots_keeping_runs() if self.compacts else None  # None: any free slot keeps them
-        if (match := self._host_match(tokens, reused)[0]) is not None:
+        if self.host is not None and (match := self._host_match(tokens, reused)[0]) is not None:
             self.host.keep(match)  # the save that taking a slot may make then forgets others first, never it
             self.host.pinned = match
             slot = self._take_fresh(keeping=keeping)
@@ -137,7 +137,7 @@ class SlotPool:
         """Take free `slot`, emptied. Compacting, a cached prefix in it moves to a free slot worth less (the
         highest holding none, else one released before it; never `keep`) and keeps its place in the release
         order: the cache then loses its least recently released prefix, not the one that happened to sit
-        where the running slots grow (one stream copy, bench/kv_streams.py)."""
+        where the running slots grow (one stream copy, bench/engine/kv_streams.py)."""
         target = self._spare_slot(slot, keep) if self.compacts and slot in self._cached else None
         if target is None:
             self._free.remove(slot)

@@ -2,8 +2,8 @@
 
 A free slot's cached prefix is lost when a request that reuses none of it takes the slot. With this tier its KV
 is first copied to host memory, and a later prompt sharing it restores it into an empty slot instead of
-prefilling it again: on 2 cores, SmolLM2-135M's 400-token prompt (22.5 KiB a token) saves in 2-7 ms and
-restores in ~1 ms, against 1.2 s of prefill. llama-server keeps prompts the same way (--cache-ram). The index is host
+prefilling it again: a save and a restore cost a small fraction of the prefill they spare (docs/results.md,
+"KV management"). llama-server keeps prompts the same way (--cache-ram). The index is host
 state, decided while planning; the bytes stay with the runner, on the thread that runs the KV operations.
 """
 
@@ -37,8 +37,8 @@ class HostPrefixes:
     """Token sequences whose KV is saved in host memory, least recently used first, within a token budget.
 
     Kept sorted as sequences too: of a sorted set, the members sharing the longest prefix with any sequence sit
-    beside the place it would sort, so a lookup reads a few neighbours instead of every entry (1600 entries
-    behind one 300-token system prompt: 4.3 ms a lookup when they were scanned). No entry is a prefix of another:
+    beside the place it would sort, so a lookup reads a few neighbours instead of every entry (a scan grew
+    with the entries sharing one long system prompt). No entry is a prefix of another:
     a longer one replaces it, and a shorter one is not saved."""
 
     def __init__(self, capacity_tokens: int, min_tokens: int) -> None:

@@ -17,7 +17,7 @@ class ChunkKind(enum.Enum):
 
 
 class Chunk(NamedTuple):
-    """A NamedTuple, not a dataclass: a tick makes one per decode row, and a tuple is built ~5x faster."""
+    """A NamedTuple, not a dataclass: a tick makes one per decode row, and a tuple is built faster."""
 
     request_id: int
     slot: int
@@ -93,6 +93,9 @@ KvOp = ClearSlot | TrimSlot | CopyPrefix | MoveSlot | SaveSlot | LoadSlot | Forg
 
 @dataclass(frozen=True)
 class Plan:
+    """One tick as the scheduler planned and committed it: its requests already count its rows in their KV
+    and a stand-in for each token it samples (Request.advance)."""
+
     tick: int
     chunks: tuple[Chunk, ...]
     admitted: tuple[int, ...] = ()
@@ -102,12 +105,15 @@ class Plan:
     # Tokens guessed behind decode rows (engine/spec.py), by request id: such a decode chunk has 1 + len rows.
     drafts: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     lora: int = 0  # the LoRA adapter every row of the batch runs with (0: none): llama.cpp sets one per decode
+    start: float = field(default=0.0, compare=False)  # when it was planned, on the engine's clock
+    n_running: int = 0  # requests holding a slot once it was planned
+    n_waiting: int = 0  # requests queued once it was planned
 
     @cached_property
     def rows(self) -> tuple[Chunk, ...]:
         """The chunks in batch-row order, by slot (= seq_id); `chunks` keeps the scheduling priority order.
         With per-sequence KV streams llama.cpp cuts a batch into micro-batches of consecutive seq_ids, so
-        any other order multiplies the graph runs: a shuffled 16-row decode costs 1.5x a sorted one."""
+        any other order multiplies the graph runs, and a shuffled decode costs more than a sorted one."""
         return tuple(sorted(self.chunks, key=lambda c: c.slot))
 
     @property
@@ -143,12 +149,21 @@ class Plan:
 @dataclass(frozen=True)
 class TickRecord:
     plan: Plan
-    start: float
     decode_start: float
     decode_end: float
     end: float
-    n_running: int  # requests holding a slot during the tick
-    n_waiting: int  # requests queued after admission
+
+    @property
+    def start(self) -> float:
+        return self.plan.start
+
+    @property
+    def n_running(self) -> int:
+        return self.plan.n_running
+
+    @property
+    def n_waiting(self) -> int:
+        return self.plan.n_waiting
 
     @property
     def decode_s(self) -> float:

@@ -19,10 +19,14 @@ KV_POLICIES = ("reserve", "optimistic")
 
 
 class AdmissionPolicy(Protocol):
-    name: str
-    # Continuous admission only takes a request it can feed this tick; cohort modes take the whole
-    # cohort at once and prefill it over the following ticks.
-    admits_only_with_budget: bool
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def admits_only_with_budget(self) -> bool:
+        """Continuous admission only takes a request it can feed this tick; cohort modes take the whole
+        cohort at once and prefill it over the following ticks."""
+        ...
 
     def admit_limit(self, n_running: int, n_free_slots: int) -> int: ...
 
@@ -95,7 +99,8 @@ class TickComposer(Protocol):
 
 
 class BatchPolicy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def compose(self, tick: TickComposer) -> None: ...
 
@@ -137,6 +142,22 @@ class Balanced:
         tick.add_prefills()
 
 
+@dataclass(frozen=True)
+class TwoPassTicks:
+    """A tick's layout with per-sequence KV streams. llama.cpp cuts such a batch into micro-batches, each a run of
+    consecutive slots taking as many rows from each as the shortest has left (engine/ubatches.py), so prompt
+    chunks of different lengths, or in slots apart, cost a forward pass each. A prompt chunk joins a tick only
+    where the tick stays within two passes: one chunk beside a run of decode rows, or chunks of one length in
+    consecutive slots. The tick's first chunk may take one pass more than its decode rows alone when a gap
+    splits those already, so that prompts always progress."""
+
+    n_ubatch: int  # llama.cpp's micro-batch bound: no run takes more rows than this in one pass
+    most_passes: int = 2
+
+    def allows(self, passes: int, decode_passes: int, first_chunk: bool) -> bool:
+        return passes <= self.most_passes or (first_chunk and passes <= decode_passes + 1)
+
+
 def batch_policy(name: str) -> BatchPolicy:
     policies: dict[str, BatchPolicy] = {"decode-max": DecodeMax(), "prefill-first": PrefillFirst(),
                                         "balanced": Balanced()}
@@ -146,8 +167,11 @@ def batch_policy(name: str) -> BatchPolicy:
 
 
 class KvPolicy(Protocol):
-    name: str
-    preempts: bool
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def preempts(self) -> bool: ...
 
     def tokens_to_admit(self, request: Request, seq_limit: int) -> int:
         """KV cells a request must be able to hold to be admitted (and is charged for at admission)."""

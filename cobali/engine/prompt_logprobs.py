@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from cobali.engine.request import Request
-from cobali.engine.sampling import token_logprob
+from cobali.engine.sampling import TokenLogprob, token_logprob
 
 
 def wants_prompt_logits(request: Request, start: int) -> bool:
@@ -15,10 +15,13 @@ def wants_prompt_logits(request: Request, start: int) -> bool:
     return request.params.prompt_logprobs is not None and start < len(request.prompt_tokens)
 
 
-def record_prompt_logprobs(request: Request, start: int, logits: np.ndarray) -> None:
-    """Row i predicts the token at start+i+1. After a preemption the prompt is computed again: each
-    position is recorded once."""
+def read_prompt_logprobs(request: Request, start: int, logits: np.ndarray) -> list[TokenLogprob]:
+    """Row i predicts the token at start+i+1: the entries of the positions not recorded yet (after a
+    preemption the prompt is computed again, and each position is recorded once)."""
     prompt, k = request.prompt_tokens, request.params.prompt_logprobs
-    for i, position in enumerate(range(start + 1, min(start + 1 + len(logits), len(prompt)))):
-        if len(request.prompt_logprobs) == position - 1:
-            request.prompt_logprobs.append(token_logprob(logits[i], prompt[position], k))
+    assert k is not None
+    skip = len(request.prompt_logprobs) - start  # rows whose position is recorded already
+    if skip < 0:
+        return []
+    positions = range(start + 1 + skip, min(start + 1 + len(logits), len(prompt)))
+    return [token_logprob(logits[position - start - 1], prompt[position], k) for position in positions]

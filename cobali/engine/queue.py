@@ -19,8 +19,8 @@ class ShortestPromptFirst:
     order). A request ranks at its arrival time plus `s_per_token` for each prompt token still to compute:
     a short prompt goes ahead of a long one that arrived less than the difference's worth of seconds
     earlier, and a long prompt waits at most its own length's worth behind any later arrival, so none
-    starves. The default is about one prefill token's cost on a 2-core CPU (~300 tok/s); on a GPU, where
-    prefill is ~50x faster, a smaller value keeps the order closer to arrival."""
+    starves. The default is about one prefill token's cost on a 2-core CPU; on a GPU, where prefill is far
+    faster, a smaller value keeps the order closer to arrival."""
 
     s_per_token: float = 0.003
 

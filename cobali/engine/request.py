@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-import numpy as np
-
 from cobali.backends.base import SamplingParams
+from cobali.engine.detok import TextStream
 from cobali.engine.sampling import TokenLogprob
 
 
@@ -33,14 +32,16 @@ _TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     RequestState.PREFILL: frozenset(
         {RequestState.PREFILL, RequestState.DECODE, RequestState.PENDING, RequestState.DONE, RequestState.FAILED}
     ),
-    RequestState.DECODE: frozenset({RequestState.PENDING, RequestState.DONE, RequestState.FAILED}),
+    # DECODE -> PREFILL: the decode that sampled its first token failed, and that prompt chunk runs again.
+    RequestState.DECODE: frozenset({RequestState.PENDING, RequestState.PREFILL, RequestState.DONE,
+                                    RequestState.FAILED}),
     RequestState.DONE: frozenset(),
     RequestState.FAILED: frozenset(),
 }
 
 
-# Stands in for a token that a decode still in flight is sampling (async scheduling, engine/overlap.py): the
-# request already counts it, so the next tick can be planned before the token is known.
+# Stands in for a token that a planned or running decode samples: the scheduler counts it when it plans the row
+# that samples it, so the next tick can be planned before the token is known (async scheduling, engine/overlap.py).
 PENDING_TOKEN = -1
 # Above any vocabulary: adapter a keys token t as -(a * stride + t + 1) (Request.kv_key), within the 32 bits a
 # key gives a token for adapter indices up to MAX_ADAPTER_INDEX (8191; an engine refuses to load one more).
@@ -67,74 +68,95 @@ class FinishReason(enum.Enum):
     ERROR = "error"
 
 
-@dataclass(eq=False)  # identity: found in lists of hundreds, where comparing every field cost ~60 µs a search
+@dataclass(eq=False)  # identity: found in lists of hundreds, where comparing every field made each search slow
 class Request:
+    """Everything about one request the engine holds, its output text included: finishing it releases this."""
+
     id: int
     prompt_tokens: list[int]
     params: SamplingParams
     arrival_time: float = field(default_factory=time.perf_counter)
     priority: int = 0
     lora: int = 0  # the LoRA adapter it runs with (1..BackendInfo.n_loras); 0: the base model
+    stream_interval: int | None = None  # its text is handed out every this many tokens; None: only at the end
     state: RequestState = RequestState.PENDING
+    # Sampled tokens, then n_pending stand-ins (PENDING_TOKEN) for those planned decodes are sampling.
     output_tokens: list[int] = field(default_factory=list)
-    computed_tokens: int = 0  # tokens of prompt+output already in KV, so also the position of the next token
+    n_pending: int = 0
+    computed_tokens: int = 0  # tokens of prompt+output in KV once the planned rows ran: the next row's position
     cached_tokens: int = 0  # prompt tokens its slot got from a cached or running prefix at its (last) admission
     slot: int | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # what ended a STOP other than an end token: a stop string or stop token id
     error: str | None = None
     own_fault: bool = False  # its own input made it fail (a ValueError: a grammar that allows no token), not the engine
-    text: str = ""
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, when asked for
     # One per prompt token after the first (which nothing predicts), when params.prompt_logprobs is set.
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_time: float | None = None
+    preemptions: int = 0
+    n_reported: int = 0  # output tokens already handed out in an output
+    stream: TextStream = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.stream = TextStream(p.stop, self.stream_interval or 1, p.min_tokens, p.include_stop_str)
+
+    @property
+    def text(self) -> str:
+        return self.stream.text
 
     def transition(self, new: RequestState) -> None:
         assert new in _TRANSITIONS[self.state], f"request {self.id}: illegal {self.state} -> {new}"
         self.state = new
 
-    def advance(self, n_tokens: int, pending_token: bool) -> None:
-        """n_tokens more are in KV; pending_token: a decode in flight samples this one's next token (counted
-        now as a stand-in, so the next tick can be planned before it is known)."""
+    def advance(self, n_tokens: int, samples: bool) -> None:
+        """n_tokens more are planned into KV; samples: the row after them samples its next token, counted now
+        as a stand-in (the first output token ends the prefill)."""
         self.computed_tokens += n_tokens
-        if pending_token:
-            self._append_output(PENDING_TOKEN)
+        if samples:
+            if self.state is RequestState.PREFILL:
+                self.transition(RequestState.DECODE)
+            self.output_tokens.append(PENDING_TOKEN)
+            self.n_pending += 1
 
-    def place_token(self, token: int | None) -> int:
-        """A sampled token (None: its sampler failed) into the outputs, over its stand-in if `advance` left one.
+    def add_token(self, token: int) -> int:
+        """A sampled token into the outputs, over its oldest stand-in (a guessed token, kept, has none).
         Returns the outputs up to and including it."""
         outputs = self.output_tokens
-        if token is not None:
-            if outputs and outputs[-1] == PENDING_TOKEN:
-                outputs[-1] = token
-            else:
-                self._append_output(token)
-        return len(outputs)
+        if not self.n_pending:
+            outputs.append(token)
+            return len(outputs)
+        at = len(outputs) - self.n_pending
+        outputs[at] = token
+        self.n_pending -= 1
+        return at + 1
 
-    def _append_output(self, token: int) -> None:
-        """The first output token ends the prefill."""
-        if self.state is RequestState.PREFILL:
-            self.transition(RequestState.DECODE)
-        self.output_tokens.append(token)
+    def undo(self, start: int, samples: bool, prefill: bool) -> None:
+        """A planned chunk that never ran (its decode failed): back to `start` in KV, its stand-in dropped and,
+        for a prompt chunk that sampled, back in prefill."""
+        self.computed_tokens = start
+        if samples:
+            self.output_tokens.pop()
+            self.n_pending -= 1
+            if prefill and self.state is RequestState.DECODE:
+                self.transition(RequestState.PREFILL)
 
     @property
     def n_sampled(self) -> int:
         """Outputs sampled so far, without the stand-ins of tokens still being sampled."""
-        n = len(self.output_tokens)
-        while n and self.output_tokens[n - 1] == PENDING_TOKEN:
-            n -= 1
-        return n
+        return len(self.output_tokens) - self.n_pending
 
     def drop_pending_tokens(self) -> bool:
-        """Forget stand-ins for tokens that will never be taken (the request ends with a decode in flight);
-        True if there were any."""
-        outputs, n = self.output_tokens, len(self.output_tokens)
-        while outputs and outputs[-1] == PENDING_TOKEN:
-            outputs.pop()
-        return len(outputs) < n
+        """Forget stand-ins for tokens that will never be taken (the request ends, or goes back to the queue,
+        with a decode planned or running); True if there were any."""
+        if not self.n_pending:
+            return False
+        del self.output_tokens[-self.n_pending:]
+        self.n_pending = 0
+        return True
 
     def has_final_token(self, seq_limit: int) -> bool:
         """Its last token is sampled or being sampled: no more rows for it."""
@@ -147,6 +169,13 @@ class Request:
     @property
     def all_tokens(self) -> list[int]:
         return self.prompt_tokens + self.output_tokens
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + outputs, without joining the two."""
+        n = len(self.prompt_tokens)
+        if start >= n:
+            return self.output_tokens[start - n:end - n]
+        return self.prompt_tokens[start:end] if end <= n else self.prompt_tokens[start:] + self.output_tokens[:end - n]
 
     def kv_key(self, n: int) -> list[int]:
         """Its first n tokens as the prefix cache knows them. KV computed under a LoRA adapter is that adapter's
@@ -172,12 +201,6 @@ class Request:
         """Tokens not yet in KV: the whole prompt at first, 1 (the last sampled token) while decoding."""
         return self.n_context_tokens - self.computed_tokens
 
-    def tokens_to_feed(self, n: int) -> list[int]:
-        start = self.computed_tokens
-        if start >= len(self.prompt_tokens):
-            return self.output_tokens[start - len(self.prompt_tokens) : start - len(self.prompt_tokens) + n]
-        return self.all_tokens[start : start + n]
-
     @property
     def is_finished(self) -> bool:
         return self.state.is_finished
@@ -195,19 +218,7 @@ class Drafted(NamedTuple):
     """What a tick's guesses gave one request, beyond the token its decode row sampled."""
 
     slot: int
+    start: int  # the first guessed row's position: the request's KV is counted up to it, then one per kept token
     end: int  # positions its rows wrote into the KV: a guessed row found wrong leaves a cell to trim
     tokens: list[int]  # the greedy tokens at the guessed rows while the guesses held
     logprobs: list[TokenLogprob | None]
-
-
-@dataclass
-class Sampled:
-    """One decode's samples, a token per request in output order: None where its sampler failed. A steady
-    greedy tick keeps the backend's array of tokens until they are placed (Engine.place_tokens): converted
-    earlier, they would cost time between two decodes."""
-
-    requests: list[Request]
-    tokens: list[int | None] | np.ndarray
-    failures: dict[int, Exception]  # the failed ones' errors, by request id
-    counts: list[int] = field(default_factory=list)  # each request's outputs up to its token, once placed
-    drafted: dict[int, Drafted] = field(default_factory=dict)  # what guessed tokens gave, by request id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -58,7 +59,7 @@ class RowSampler:
         self.guide = guide
         self._samplers: dict[int, TokenSampler] = {}
 
-    def sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int]
+    def sample(self, logits: np.ndarray, requests: Sequence[Sampling], rows: list[int], out_rows: list[int]
                ) -> tuple[list[int | None], dict[int, Exception]]:
         """requests: those that sample, in output order; rows: their batch rows; out_rows: their rows of
         `logits` (more rows than requests when some asked for prompt logprobs). Returns one token per
@@ -78,7 +79,8 @@ class RowSampler:
             self._feed_guide(requests, tokens, failures)
         return tokens, failures
 
-    def _feed_guide(self, requests: list[Sampling], tokens: list[int | None], failures: dict[int, Exception]) -> None:
+    def _feed_guide(self, requests: Sequence[Sampling], tokens: list[int | None],
+                    failures: dict[int, Exception]) -> None:
         """Each constrained request's token to its grammar; one the grammar refuses fails its request."""
         for i, (request, token) in enumerate(zip(requests, tokens, strict=True)):
             if token is not None and request.params.grammar is not None:
@@ -86,7 +88,7 @@ class RowSampler:
                 if error is not None:
                     failures[request.id], tokens[i] = error, None
 
-    def _ban_end_tokens(self, logits: np.ndarray, requests: list[Sampling], out_rows: list[int]
+    def _ban_end_tokens(self, logits: np.ndarray, requests: Sequence[Sampling], out_rows: list[int]
                         ) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """min_tokens: in the rows of requests short of it, end tokens and stop_token_ids get -inf, in place (a
         llama.cpp chain reads the same buffer). Returns each changed row's ids and old values."""
@@ -98,7 +100,7 @@ class RowSampler:
                 logits[out_row, ids] = -np.inf
         return banned
 
-    def _sample(self, logits: np.ndarray, requests: list[Sampling], rows: list[int], out_rows: list[int],
+    def _sample(self, logits: np.ndarray, requests: Sequence[Sampling], rows: list[int], out_rows: list[int],
                 failures: dict[int, Exception]) -> list[int | None]:
         """One token per request, None for those in `failures` already or whose sampler fails (added there)."""
         greedy = [r.params.is_greedy for r in requests]

@@ -3,8 +3,10 @@
 The scheduler owns the waiting queue and the running list. Each tick it first makes sure every
 generating request has KV for its next token (preempting the newest request if the pool ran dry),
 then lets the batch policy fill the token budget with decode rows and prefill chunks, admitting
-waiting requests into free slots as the mode's admission policy allows. It only decides: the plan
-carries the KV operations on slots with the batch, and the engine runs both.
+waiting requests into free slots as the mode's admission policy allows. It decides, and commits what it
+decided: each request counts its planned rows into its KV and a stand-in for each token they sample, so the
+next tick can be planned before this one ran. The plan carries the KV operations on slots with the batch, and
+the engine's executor runs both.
 """
 
 from __future__ import annotations
@@ -13,13 +15,22 @@ import logging
 from collections import deque
 
 from cobali.engine.budget import FixedBudget, TickBudget
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv import SlotPool
 from cobali.engine.plan import Chunk, Plan
-from cobali.engine.policies import AdapterTurns, AdmissionPolicy, BatchPolicy, DecodeMax, KvPolicy, ReserveKv
+from cobali.engine.policies import (
+    AdapterTurns,
+    KvPolicy,
+    ReserveKv,
+    TwoPassTicks,
+    admission_for_mode,
+    batch_policy,
+    kv_policy,
+)
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
-from cobali.engine.speculative import Drafter
-from cobali.engine.tick import TickBuilder, TickQueues
+from cobali.engine.speculative import Drafter, NgramDrafter
+from cobali.engine.tick import Admitting, Runnable, TickBuilder, TickQueues
 
 log = logging.getLogger("cobali.scheduler")
 
@@ -27,25 +38,28 @@ BACKOFF_WINDOW_TICKS = 64
 
 
 class Scheduler:
-    def __init__(self, slots: SlotPool, admission: AdmissionPolicy, n_batch: int,
-                 batch: BatchPolicy | None = None, kv: KvPolicy | None = None,
-                 queue: WaitQueue | None = None, budget: TickBudget | None = None, prefill_tile: int = 1,
-                 drafter: Drafter | None = None, adapters: bool = False) -> None:
+    def __init__(self, config: EngineConfig, slots: SlotPool, budget: TickBudget | None = None, *,
+                 prefill_tile: int = 1, adapters: bool = False) -> None:
+        """prefill_tile: the backend's shortest fast prefill chunk; adapters: requests may name LoRA adapters."""
+        n_batch = config.n_batch
         if n_batch < slots.max_slots:
             raise ValueError(f"n_batch ({n_batch}) must be >= max_slots ({slots.max_slots}) so decodes fit")
         self.slots = slots
         self.accountant = slots.accountant
-        self.admission = admission
+        self.admission = admission_for_mode(config.mode, config.prefill_chunk_tokens)
         self.n_batch = n_batch
-        self.batch = batch or DecodeMax()
-        self.kv = kv or ReserveKv()  # EngineConfig's default too
-        # Not `queue or ...`: an empty WaitQueue is falsy, and the configured order would be dropped.
-        self.waiting = queue if queue is not None else WaitQueue()
+        self.batch = batch_policy(config.policy)
+        self.kv = kv_policy(config.kv_admission)
+        self.waiting = WaitQueue(config.queue)
         self.budget = budget or FixedBudget(n_batch)
-        self.drafter = drafter  # guesses tokens for greedy decodes (engine/spec.py); None: no speculation
+        # Guesses tokens for greedy decodes (engine/speculative.py); None: no speculation.
+        self.drafter: Drafter | None = NgramDrafter(config.spec) if config.spec.enabled else None
         self.adapters = AdapterTurns() if adapters else None  # None: every request runs on the base model
         self.running: list[Request] = []  # in admission order: the newest is preempted first
-        self._queues = TickQueues(slots, self.waiting, self.running, admission, n_batch, prefill_tile)
+        # With per-sequence KV streams, ticks laid out for two forward passes at most; a unified KV runs any in one.
+        self.layout = TwoPassTicks(n_batch) if config.two_pass_ticks and not self.accountant.unified else None
+        self._queues = TickQueues(slots, self.waiting, self.running, self.admission, n_batch, prefill_tile,
+                                  self.layout)
         self.tick = 0
         self.preemptions = 0
         self._recent_preemptions: deque[int] = deque()
@@ -82,6 +96,7 @@ class Scheduler:
         self.remove(victim)
         victim.computed_tokens = 0
         victim.transition(RequestState.PENDING)
+        victim.preemptions += 1
         self.waiting.push(victim, front=True)
         self.preemptions += 1
         self._recent_preemptions.append(self.tick)
@@ -136,14 +151,18 @@ class Scheduler:
 
     def _compact(self, chunks: list[Chunk]) -> None:
         """With per-sequence KV streams llama.cpp runs one forward pass per run of consecutive seq_ids among
-        a batch's rows, so a free slot between running ones splits every decode in two: +25 % a tick on
-        this CPU, and a whole extra weight read on a GPU. Once this tick's admissions filled what gaps they
+        a batch's rows, so a free slot between running ones splits every decode in two: one more forward pass
+        a tick (a whole extra weight read on a GPU). Once this tick's admissions filled what gaps they
         could, the request in the highest slot moves into the lowest gap left, one a tick: the copy costs about
-        half what a gap costs each tick (bench/kv_streams.py)."""
-        holder = max((r for r in self.running if r.slot is not None), key=lambda r: r.slot, default=None)
-        if holder is None or not (holder.state is RequestState.PREFILL or self._generates_more(holder)):
+        half what a gap costs each tick (bench/engine/kv_streams.py)."""
+        by_slot = {r.slot: r for r in self.running if r.slot is not None}
+        if not by_slot:
+            return
+        highest = max(by_slot)
+        holder = by_slot[highest]
+        if not (holder.state is RequestState.PREFILL or self._generates_more(holder)):
             return  # a request on its final token frees its slot anyway
-        slot = self.slots.fill_gap(holder.slot)
+        slot = self.slots.fill_gap(highest)
         if slot is None:
             return
         holder.slot = slot
@@ -162,6 +181,11 @@ class Scheduler:
             generating = [r for r in generating if r.slot is not None]
             prefilling = [r for r in prefilling if r.slot is not None]
         fit_policy = ReserveKv() if self._backing_off() else self.kv
+        # The layout weighs each chunk's passes by its slot, so a move into a gap comes before the tick is laid
+        # out; none while a waiting request could fill the gap for free.
+        compact_first = self.layout is not None
+        if compact_first and self.slots.may_have_gap and not (self.waiting and self.slots.can_assign()):
+            self._compact([])
         if self.adapters is None:
             lora, tick, drafts = 0, *self._compose(0, generating, prefilling, not preempted, fit_policy, now)
         else:
@@ -171,22 +195,35 @@ class Scheduler:
                                              [r for r in prefilling if r.lora == lora], not preempted, fit_policy, now)
                 if tick.chunks:
                     break
-        if self.slots.may_have_gap:
+        if not compact_first and self.slots.may_have_gap:
             self._compact(tick.chunks)
         # Slots the admission policy kept shut while requests waited (the static convoy); slots left
         # free only because this tick's token budget or KV ran out are not waste.
         wasted = max(0, min(self.slots.n_free, len(self.waiting)) - tick.allowance)
         assert tick.chunks or all(r.state is RequestState.DECODE and not self._generates_more(r)
                                   for r in self.running), "running requests but an empty plan: the engine would spin"
-        return Plan(self.tick, tuple(tick.chunks), tuple(tick.admitted), wasted, tuple(preempted),
-                    kv_ops=self.slots.take_kv_ops(), drafts=drafts, lora=lora)
+        plan = Plan(self.tick, tuple(tick.chunks), tuple(tick.admitted), wasted, tuple(preempted),
+                    kv_ops=self.slots.take_kv_ops(), drafts=drafts, lora=lora, start=now,
+                    n_running=len(self.running), n_waiting=len(self.waiting))
+        self._commit(tick, now)
+        return plan
+
+    @staticmethod
+    def _commit(tick: TickBuilder, now: float) -> None:
+        """Each request counts its rows into its KV now, and a stand-in for the token they sample: the next plan
+        is made on what the engine will know once this one ran. A request's first chunk stamps its start."""
+        for chunk, request in zip(tick.chunks, tick.requests, strict=True):
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            request.advance(chunk.n_tokens, chunk.yields_token)
 
     def _compose(self, lora: int, generating: list[Request], prefilling: list[Request], may_admit: bool,
                  fit_policy: KvPolicy, now: float) -> tuple[TickBuilder, dict[int, tuple[int, ...]]]:
         """One tick's batch for the requests of one LoRA adapter (0: the base model), and its guesses."""
         depth = max((r.computed_tokens for r in prefilling), default=0)
         budget = self.budget.tokens(generating, depth, now)
-        tick = TickBuilder(self._queues, self.tick, budget, generating, prefilling, may_admit, fit_policy, lora)
+        tick = TickBuilder(self._queues, self.tick, budget, Runnable(generating, prefilling),
+                           Admitting(may_admit, fit_policy, lora))
         self.batch.compose(tick)
         drafts = tick.add_drafts(self.drafter, not self.accountant.unified) if self.drafter is not None else {}
         return tick, drafts

@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class SpecConfig:
     """num_speculative_tokens: most guessed tokens a request feeds a tick (0: no speculation). max_batch: guess
-    only in ticks with at most this many decode rows. On the 2-core CPU a guessed row costs about what a
-    prompt token does (~3 ms), which a right guess repays only while the tick's fixed cost is shared by few
-    rows; and with per-sequence KV streams llama.cpp runs the rows of a sequence with more tokens than the
-    others as one more forward pass. Measured there (docs/results.md): one request decoding, 3 guesses:
-    -18 % time per token; two: +6 %; sixteen: +16 %."""
+    only in ticks with at most this many decode rows. On a CPU a guessed row costs about what a prompt token
+    does, which a right guess repays only while the tick's fixed cost is shared by few rows; and with
+    per-sequence KV streams llama.cpp runs the rows of a sequence with more tokens than the others as one more
+    forward pass. So guesses pay at one or two decode rows and cost beyond (docs/results.md, "Speculative
+    decoding")."""
 
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 2
@@ -79,7 +79,7 @@ class _Index:
 class NgramDrafter:
     """Guesses continuations from each request's own tokens. Keeps an index per request, grown by the tokens
     added since the last guess (a dict per request: O(1) a token, not a scan of the context every tick; the
-    prompt is indexed at the first guess, ~1 us a token)."""
+    prompt is indexed once, at the first guess)."""
 
     def __init__(self, config: SpecConfig) -> None:
         assert config.enabled
@@ -131,22 +131,22 @@ class Verify(NamedTuple):
     slot: int
     draft: tuple[int, ...]
     out_row: int  # the logits row of the first guess (the row after the decode row's)
+    position: int  # the first guess's position in the request's KV
 
 
 def verify(verifies: tuple[Verify, ...], requests: list[Request], tokens: list[int | None], best: np.ndarray,
            logits: np.ndarray) -> dict[int, Drafted]:
     """After the decode and the sampling of each decode row (`tokens`, one per request of `requests`): what each
-    request's guesses gave, by request id. Their rows are no longer counted in the request's KV: each is
-    counted again as its token is kept (Engine.accept), and the cells past the last one kept are trimmed."""
+    request's guesses gave, by request id. The engine then counts the guessed rows out of the request's KV and
+    each one back in as its token is kept; the cells past the last one kept are trimmed."""
     first = {request.id: token for request, token in zip(requests, tokens, strict=True)}
     drafted: dict[int, Drafted] = {}
-    for request, slot, draft, out_row in verifies:
+    for request, slot, draft, out_row, position in verifies:
         token = first[request.id]
         kept = [] if token is None else verified_tokens(draft, token, best, out_row)
         k = request.params.logprobs
         logprobs = [None if k is None else token_logprob(logits[out_row + j], t, k) for j, t in enumerate(kept)]
-        drafted[request.id] = Drafted(slot, request.computed_tokens, kept, logprobs)
-        request.computed_tokens -= len(draft)
+        drafted[request.id] = Drafted(slot, position, position + len(draft), kept, logprobs)
     return drafted
 
 

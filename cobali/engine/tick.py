@@ -4,16 +4,18 @@ policy calls its steps. It reads and updates the scheduler's queues, and never t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from cobali.engine.kv import SlotPool
 from cobali.engine.kv_tier import KEY_DTYPE
 from cobali.engine.plan import Chunk, ChunkKind
-from cobali.engine.policies import AdmissionPolicy, KvPolicy
+from cobali.engine.policies import AdmissionPolicy, KvPolicy, TwoPassTicks
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
 from cobali.engine.speculative import Drafter, can_speculate
+from cobali.engine.ubatches import SeqRows, count_passes
 
 
 def _first_tokens(request: Request, n: int) -> list[int]:
@@ -48,25 +50,39 @@ class TickQueues:
     admission: AdmissionPolicy
     n_batch: int
     prefill_tile: int  # the backend's shortest fast prefill chunk (BackendInfo.prefill_tile)
+    layout: TwoPassTicks | None = None  # None: any layout runs in one pass (a unified KV), or no bound is kept
+
+
+class Runnable(NamedTuple):
+    """The running requests a tick may give rows to, in admission order."""
+
+    decoding: list[Request]  # generating: a decode row each
+    prefilling: list[Request]  # their prompt (or, after a preemption, prompt and outputs) being computed
+
+
+class Admitting(NamedTuple):
+    """What a tick may admit from the queue."""
+
+    may_admit: bool  # False in a tick that preempted: its victims would come straight back
+    fit_policy: KvPolicy  # how much KV a request must find free to enter
+    lora: int = 0  # the LoRA adapter of the tick's requests: only its waiting requests are admitted
 
 
 class TickBuilder:
     """Satisfies policies.TickComposer: the batch policy decides the order of its steps."""
 
-    def __init__(self, queues: TickQueues, tick: int, budget: int, decoding: list[Request],
-                 prefilling: list[Request], may_admit: bool, fit_policy: KvPolicy, lora: int = 0) -> None:
+    def __init__(self, queues: TickQueues, tick: int, budget: int, runnable: Runnable, admitting: Admitting) -> None:
         assert 0 < budget <= queues.n_batch
         self.queues = queues
         self.tick = tick
         self.budget = budget
-        self.decoding = decoding  # generating requests at the tick's start, in admission order
-        self.prefilling = prefilling  # ... and those whose prompt is being prefilled
-        self.may_admit = may_admit
-        self.fit_policy = fit_policy
-        self.lora = lora  # the LoRA adapter of the tick's requests: only its waiting requests are admitted
+        self.decoding, self.prefilling = runnable
+        self.may_admit, self.fit_policy, self.lora = admitting
         self.chunks: list[Chunk] = []
+        self.requests: list[Request] = []  # each chunk's, in the same order
         self.admitted: list[int] = []
         self.allowance = 0
+        self.layout_full = False  # a prompt chunk was refused for the passes it would add: admit no more
         self.chunk_tokens = queues.admission.chunk_tokens(queues.n_batch)
         # The tile never exceeds what the batch keeps free beside a full set of decodes, so prompts progress;
         # a chunk size set below the tile wins.
@@ -92,6 +108,7 @@ class TickBuilder:
         kind, new = ChunkKind.DECODE, tuple.__new__
         self.chunks += [new(Chunk, (r.id, r.slot, kind, r.computed_tokens, 1, r.computed_tokens + 1, True))
                         for r in decoding]
+        self.requests += decoding
         self.budget -= len(decoding)
 
     def add_drafts(self, drafter: Drafter, equal_lengths: bool) -> dict[int, tuple[int, ...]]:
@@ -113,9 +130,9 @@ class TickBuilder:
             # The outputs it may have: max_tokens, or as many as the context holds (held rounds up to a block).
             most = min(request.params.max_tokens, acc.seq_limit - len(request.prompt_tokens))
             limit = min(room, most - len(request.output_tokens) - 1, acc.held_tokens(chunk.slot) - chunk.end)
-            if draft := drafter.propose(request, limit):
-                drafts[request.id] = draft
-                room -= len(draft)
+            if guess := drafter.propose(request, limit):
+                drafts[request.id] = guess
+                room -= len(guess)
                 if room <= 0:
                     break
         if equal_lengths and drafts:
@@ -130,7 +147,7 @@ class TickBuilder:
     def add_prefills(self) -> None:
         q = self.queues
         for request in q.waiting.prefill_order(self.prefilling):
-            if self.budget > 0:
+            if self.budget > 0 and not self.layout_full:  # each refusal weighs hundreds of rows: stop at one
                 self._add_prefill(request)
         self._admit()
 
@@ -141,14 +158,33 @@ class TickBuilder:
         n = min(left, self.chunk_tokens, self.budget)
         room = min(self.chunk_tokens, self.queues.n_batch - sum(c.n_tokens for c in self.chunks))
         n = fit_to_tile(n, left, room, self.tile)
+        if n > 0 and self.queues.layout is not None:
+            n = self._laid_out(self.queues.layout, request, n, room)
         if n > 0:
             self._add(request, n, ChunkKind.PREFILL)
+
+    def _laid_out(self, layout: TwoPassTicks, request: Request, n: int, room: int) -> int:
+        """A chunk of n, or else of the length the tick's other prompt chunks share (where the prefill tile
+        allows it), that keeps the tick's forward passes within the layout's bound; 0: neither does."""
+        assert request.slot is not None
+        rows = [SeqRows(c.slot, c.n_tokens) for c in self.chunks]
+        lengths = {c.n_tokens for c in self.chunks if c.kind is ChunkKind.PREFILL}
+        first_chunk = not lengths
+        decode_passes = count_passes(sorted(rows), layout.n_ubatch, True) if first_chunk else 0
+        candidates = [n] + [k for k in lengths if len(lengths) == 1 and k < n
+                            and fit_to_tile(k, request.uncached_tokens, room, self.tile) == k]
+        for k in candidates:
+            passes = count_passes(sorted([*rows, SeqRows(request.slot, k)]), layout.n_ubatch, True)
+            if layout.allows(passes, decode_passes, first_chunk):
+                return k
+        self.layout_full = True
+        return 0
 
     def _admit(self) -> None:
         q = self.queues
         limit = q.admission.admit_limit(len(q.running), q.slots.n_free)
         while self.may_admit and len(self.admitted) < limit and q.slots.can_assign():
-            if q.admission.admits_only_with_budget and self.budget <= 0:
+            if q.admission.admits_only_with_budget and (self.budget <= 0 or self.layout_full):
                 break
             request = q.waiting.pop_admissible(self._fits)
             if request is None:
@@ -205,4 +241,5 @@ class TickBuilder:
             request_id=request.id, slot=request.slot, kind=kind, start=request.computed_tokens,
             n_tokens=n, context_tokens=request.n_context_tokens, yields_token=n == request.uncached_tokens,
         ))
+        self.requests.append(request)
         self.budget -= n

@@ -3,8 +3,9 @@
 The template comes from `--chat-template FILE`, else the GGUF's `tokenizer.chat_template`. It runs in
 jinja2's immutable sandbox (a template is model data, not trusted code) with the variables HF templates
 expect: messages, tools, add_generation_prompt, bos_token, eos_token, and the raise_exception and
-strftime_now functions. llama.cpp's built-in template matcher is the fallback when there is no template
-or it does not compile; it cannot render tools.
+strftime_now functions, beside a request's own variables (vLLM's chat_template_kwargs, e.g. Qwen3's
+enable_thinking). llama.cpp's built-in template matcher is the fallback when there is no template or it does not
+compile; it cannot render tools, nor read those variables.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jinja2
@@ -58,12 +59,14 @@ class JinjaChatTemplate:
         self.eos_token = eos_token
         self.adds_bos = adds_bos
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-        """The prompt, ending where the assistant's reply starts. ValueError when the template refuses the
-        conversation (raise_exception) or fails on it."""
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+               variables: Mapping[str, Any] | None = None) -> str:
+        """The prompt, ending where the assistant's reply starts; variables: the request's own (the server's
+        win). ValueError when the template refuses the conversation (raise_exception) or fails on it."""
+        ours = {"messages": messages, "tools": tools or None, "add_generation_prompt": True,
+                "bos_token": self.bos_token, "eos_token": self.eos_token}
         try:
-            text = self.template.render(messages=messages, tools=tools or None, add_generation_prompt=True,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
+            text = self.template.render({**(variables or {}), **ours})
         except jinja2.TemplateError as err:
             raise ValueError(f"the chat template refused the messages: {err}") from None
         except (TypeError, KeyError, AttributeError, IndexError) as err:
@@ -86,9 +89,11 @@ class ChatPrompter:
             except ValueError as err:
                 log.warning("%s; falling back to llama.cpp's built-in templates", err)
 
-    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+               variables: Mapping[str, Any] | None = None) -> str:
+        """variables: the request's own template variables (chat_template_kwargs); the fallback has none."""
         if self.jinja is not None:
-            return self.jinja.render(messages, tools)
+            return self.jinja.render(messages, tools, variables)
         if tools:
             raise ValueError("tools need a Jinja chat template: this model has none (see --chat-template)")
         return self.fallback([{"role": m["role"], "content": m.get("content") or ""} for m in messages])

@@ -1,13 +1,14 @@
 """The engine on a thread of its own, fed by the asyncio server.
 
 The thread loads the model, then ticks while there is work and sleeps on an Event when idle. HTTP handlers
-submit from the event loop (Engine.add_request is thread-safe); the engine's per-token callbacks collect a
-tick's deltas, which hop back onto the loop in one call_soon_threadsafe per tick (one wake-up of the loop for
-hundreds of streams, not one per token) into one inbox per HTTP request. A stream reads everything its inbox
-holds at once, so a loop that falls behind catches up in fewer, larger writes.
+submit from the event loop (Engine.add_request is thread-safe); the engine hands each tick's outputs
+(RequestOutput messages) to this client as soon as they are made, and they hop back onto the loop in one
+call_soon_threadsafe per tick (one wake-up of the loop for hundreds of streams, not one per token) into one
+inbox per HTTP request. A stream reads everything its inbox holds at once, so a loop that falls behind catches
+up in fewer, larger writes.
 
 With a stream interval N > 1 the engine hands a request's text over once N tokens have come since its last
-delta (and decodes it only then); its first text and its end never wait. Every delta costs the event loop a
+output (and decodes it only then); its first text and its end never wait. Every delta costs the event loop a
 wake-up, a chunk and a socket write, so this trades smoothness for how many streams one loop can serve
 (SGLang's and vLLM's --stream-interval). If the thread dies, every pending request is told so, and the server
 reports unhealthy instead of leaving clients hanging.
@@ -24,13 +25,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from functools import partial
 from typing import Any, Protocol
+
+import numpy as np
 
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
-from cobali.engine.request import Request
-from cobali.frontend.generation import Delta, EngineUnavailable, Failure, Generation
+from cobali.engine.model_info import ModelInfo, SlotState, Tokenizer
+from cobali.engine.outputs import EngineStats, RequestOutput
+from cobali.engine.plan import TickRecord
+from cobali.frontend.generation import EngineUnavailable, Failure, Generation
+from cobali.structured.compiler import GrammarCompiler
 
 SAVE_AFTER_IDLE_S = 0.05
 # What clients are told of a failed engine: its exception text is the log's alone (paths, device details).
@@ -52,14 +57,18 @@ class QueueFull(Exception):
 
 
 class Observer(Protocol):
-    """Metrics and logging hooks; request_finished runs on the engine thread."""
+    """Metrics and logging hooks, called on the engine's threads."""
 
-    def attach(self, engine: Engine) -> None: ...
+    def attach(self, stats: Callable[[], EngineStats]) -> None:
+        """Once the model is loaded: where the engine's gauges and totals are read (a snapshot, any thread)."""
 
-    def request_finished(self, request: Request) -> None: ...
+    def tick_done(self, record: TickRecord) -> None: ...
+
+    def request_finished(self, output: RequestOutput) -> None:
+        """A request's final output (with its stats)."""
 
 
-class EngineThread:
+class EngineClient:
     def __init__(self, factory: Callable[[], Engine], max_queue: int | None = None,
                  observer: Observer | None = None, idle_wait_s: float = 0.5, stream_interval: int = 1) -> None:
         assert stream_interval >= 1, stream_interval
@@ -69,13 +78,14 @@ class EngineThread:
         self.observer = observer
         self.idle_wait_s = idle_wait_s  # only bounds how late a missed wake-up could be noticed
         self.engine: Engine | None = None
+        self._model_info: ModelInfo | None = None  # set on load, before the engine is ready
+        self._embedding = asyncio.Lock()  # one embeddings call at a time: the backend has one context for them
         self.state = EngineState.LOADING
         self.error: str | None = None
         self.on_load_failed: Callable[[str], None] | None = None
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards _live between the loop thread and the engine thread
         self._live: dict[int, Generation] = {}
-        self._outbox: list[tuple[Generation, Delta]] = []  # this tick's deltas (engine thread only)
         self._calls: deque[tuple[Callable[[Engine], Any], asyncio.Future]] = deque()  # see call()
         self._abort_at: float | None = None  # end of the drain's grace period
         self._thread = threading.Thread(target=self._run, name="cobali-engine", daemon=True)
@@ -110,20 +120,60 @@ class EngineThread:
             raise EngineUnavailable(ENGINE_FAILED)
         raise EngineUnavailable("the server is shutting down")
 
+    # ---- the loaded model (from any thread, once the engine is ready) -------------------------------
+
+    @property
+    def model_info(self) -> ModelInfo:
+        """The loaded model's limits; EngineUnavailable unless the engine is ready."""
+        self.require_engine()
+        assert self._model_info is not None, "set before the engine is ready"
+        return self._model_info
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The loaded model's text side: thread-safe, for the worker pool."""
+        return self.require_engine().tokenizer
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The compiler the engine's constraints come from: a grammar compiled here first fails before it runs."""
+        return self.require_engine().grammars
+
+    async def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Pooled embeddings, one row per input (each within model_info.embeddings), computed on a worker thread
+        beside the ticks (never on the event loop), one call at a time."""
+        engine = self.require_engine()
+        async with self._embedding:
+            return await asyncio.to_thread(engine.embed, inputs)
+
+    def slot_states(self) -> asyncio.Future[tuple[SlotState, ...]]:
+        """A snapshot of every slot, taken on the engine thread between two ticks."""
+        return self.call(Engine.slot_states)
+
+    def load_adapter(self, path: str) -> asyncio.Future[int]:
+        """Load a LoRA adapter between two ticks; the future gets its index, or FileNotFoundError, ValueError
+        (not an adapter for this model) or AdapterLimit."""
+        return self.call(lambda engine: engine.adapters.load(path))
+
+    def unload_adapter(self, index: int) -> asyncio.Future[None]:
+        """No new request runs with the adapter; the engine frees it when its last request ends."""
+        return self.call(lambda engine: engine.adapters.unload(index))
+
+    # ---- requests (event-loop side) ----------------------------------------------------------------
+
     def submit(self, prompts: list[tuple[list[int], SamplingParams]], priority: int = 0, lora: int = 0) -> Generation:
         """Queue one engine request per (prompt tokens, params), all or none, with LoRA adapter `lora` (0: none).
         Call from the event loop."""
         generation = Generation(asyncio.get_running_loop(), self)
-        with self._lock:
+        with self._lock:  # the engine's outputs find their generation under it: none comes before it is known
             engine = self.require_engine()
             self._check_room(engine, len(prompts))
             arrival = time.perf_counter()
-            for index, (tokens, params) in enumerate(prompts):
-                on_token = partial(self._on_token, generation, index)
-                request = engine.add_request(tokens, params, on_token=on_token, arrival_time=arrival,
-                                             priority=priority, stream_interval=self.stream_interval, lora=lora)
-                generation.add(request)
-                self._live[request.id] = generation
+            for tokens, params in prompts:
+                request_id = engine.add_request(tokens, params, arrival_time=arrival, priority=priority,
+                                                stream_interval=self.stream_interval, lora=lora).id
+                generation.add(request_id, len(tokens))
+                self._live[request_id] = generation
         self._wake.set()
         return generation
 
@@ -160,21 +210,23 @@ class EngineThread:
     def _run(self) -> None:
         try:
             engine = self._factory()
+            self._model_info = model = engine.model_info()
         except Exception as err:
             self._fail(f"loading failed: {err}", loading=True)
             return
         if self.observer is not None:
-            self.observer.attach(engine)
+            self.observer.attach(engine.stats)
+            engine.on_tick = self.observer.tick_done
         with contextlib.suppress(NotImplementedError):  # a backend that takes no constraints
             _ = engine.grammars.tokenizer  # the vocabulary read now, not on a first constraint: that holds the GIL
         settle_heap()
-        # With async scheduling the host thread streams a decode's tokens while the next decode runs: handed to
+        # With async scheduling the host thread makes a decode's outputs while the next decode runs: handed to
         # the loop there, they go out a decode earlier, and the thread that launches decodes does less.
-        engine.on_accepted = self._hand_over
+        engine.on_outputs = self._hand_over
         self.engine = engine
         if self.state is EngineState.LOADING:
             self.state = EngineState.READY
-        log.info("engine ready: %s, %d slots", engine.backend.info.description, engine.config.max_slots)
+        log.info("engine ready: %s, %d slots", model.description, model.max_slots)
         try:
             self._loop(engine)
             self._abort_all(engine)
@@ -197,8 +249,8 @@ class EngineThread:
             idle_since = time.monotonic() if idle_since is None else idle_since
             idle_for = time.monotonic() - idle_since
             # Cached prefixes go to host memory ahead of need only once the server has idled a while, one at a
-            # time: a client that sends its next request at once must not wait for a save (measured: a prompt sent
-            # again at once, TTFT p50 22.7 ms with the save in its way, against llama-server's 12.4).
+            # time: a client that sends its next request at once must not wait for a save (a save in its way
+            # doubled such a prompt's TTFT: docs/results.md).
             if idle_for < SAVE_AFTER_IDLE_S:
                 self._wake.wait(SAVE_AFTER_IDLE_S - idle_for)
             elif not engine.save_a_cached_prefix():
@@ -222,21 +274,27 @@ class EngineThread:
     def _abort_all(self, engine: Engine) -> None:
         self._fail_calls("the server is shutting down")
         self._abort_live(engine)
-        self._tick(engine)  # takes the aborts: slots freed, clients get their final (abort) delta
+        self._tick(engine)  # takes the aborts: slots freed, clients get their final (abort) output
 
     def _tick(self, engine: Engine) -> None:
-        engine.step()
-        self._hand_over()  # what ended outside a decode's sampling: aborts, failures
+        engine.step()  # its outputs come through _hand_over
 
-    def _hand_over(self) -> None:
-        """The deltas collected so far, to their event loops. Runs on one thread at a time: the engine's
+    def _hand_over(self, outputs: list[RequestOutput]) -> None:
+        """Outputs just made, to their generations' event loops. Runs on one thread at a time: the engine's
         between two steps, the host thread inside one."""
-        if not self._outbox:
-            return
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Generation, Delta]]] = {}
-        for item in self._outbox:
-            by_loop.setdefault(item[0].loop, []).append(item)
-        self._outbox = []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Generation, RequestOutput]]] = {}
+        finished: list[RequestOutput] = []
+        with self._lock:
+            live = self._live
+            for output in outputs:
+                generation = live.pop(output.request_id, None) if output.finished else live.get(output.request_id)
+                if generation is not None:  # None: the engine failed, and the client was told
+                    by_loop.setdefault(generation.loop, []).append((generation, output))
+                if output.finished:
+                    finished.append(output)
+        if self.observer is not None:
+            for output in finished:
+                self.observer.request_finished(output)
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)
@@ -263,21 +321,12 @@ class EngineThread:
         for _, future in calls:
             _settle_soon(future, None, EngineUnavailable(message))
 
-    def _on_token(self, generation: Generation, index: int, request: Request, delta: str, n_tokens: int) -> None:
-        finished = request.is_finished
-        if finished:
-            with self._lock:
-                self._live.pop(request.id, None)
-            if self.observer is not None:
-                self.observer.request_finished(request)
-        self._outbox.append((generation, Delta(index, delta, finished, n_tokens)))
-
 
 def settle_heap() -> None:
     """Once the model and the app are loaded: what exists now lives as long as the server, so it is frozen out
     of the collector's scans, and a tick's thousands of short-lived objects start a pass every 50,000
-    allocations instead of 700. Measured with 256 streams on a 5 ms sleeping backend: the decode thread waited
-    less for the GIL, and the backend's busy share rose from 73-74 % to 85-86 % (bench/sleeping_backend.py)."""
+    allocations instead of 700. With hundreds of streams the decode thread then waits less for the GIL, and the
+    backend is busy a larger share of the time (bench/engine/sleeping_backend.py; docs/results.md)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
@@ -297,7 +346,7 @@ def _settle_soon(future: asyncio.Future, result: Any, error: BaseException | Non
         future.get_loop().call_soon_threadsafe(settle)
 
 
-def _deliver(items: list[tuple[Generation, Delta]]) -> None:
-    """On the event loop: one tick's deltas into their generations' inboxes."""
-    for generation, delta in items:
-        generation.put(delta)
+def _deliver(items: list[tuple[Generation, RequestOutput]]) -> None:
+    """On the event loop: one tick's outputs into their generations' inboxes."""
+    for generation, output in items:
+        generation.put(output)

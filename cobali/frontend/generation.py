@@ -1,13 +1,16 @@
-"""One HTTP request's engine requests (n choices) and the inbox their text reaches the event loop through."""
+"""One HTTP request's engine requests (n choices), the inbox their outputs reach the event loop through, and what
+each has handed over so far."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
-from cobali.engine.request import FinishReason, Request
+from cobali.engine.outputs import RequestOutput
+from cobali.engine.request import FinishReason
+from cobali.engine.sampling import TokenLogprob
 from cobali.frontend.errors import APIError, bad_request, unavailable
 
 
@@ -35,16 +38,39 @@ class StreamOverflow(GenerationError):
 
 
 class Aborter(Protocol):
-    """What a generation asks of the engine thread that owns it (cobali.frontend.client.EngineThread)."""
+    """What a generation asks of the engine client that owns it (cobali.frontend.client.EngineClient)."""
 
     def abort(self, request_id: int) -> None: ...
 
 
-class Delta(NamedTuple):
-    index: int  # which request of the generation
-    text: str
-    finished: bool
-    n_tokens: int  # the request's output tokens when this text was handed over: its logprobs end there
+@dataclass
+class Choice:
+    """What one engine request of a generation has handed over so far."""
+
+    n_prompt_tokens: int
+    pieces: list[str] = field(default_factory=list)  # its text
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    last: RequestOutput | None = None  # its latest output: counts, and (once final) why it ended
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.last.n_tokens if self.last is not None else 0
+
+    @property
+    def finished(self) -> bool:
+        return self.last is not None and self.last.finished
+
+    def take(self, output: RequestOutput) -> None:
+        self.pieces.append(output.text)
+        self.logprobs += output.logprobs
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
+        self.last = output
 
 
 @dataclass
@@ -59,30 +85,38 @@ class Generation:
 
     loop: asyncio.AbstractEventLoop
     owner: Aborter
-    requests: list[Request] = field(default_factory=list)
-    unfinished: int = field(default=0, init=False)  # requests whose final delta batches() has not yielded
+    request_ids: list[int] = field(default_factory=list)
+    choices: list[Choice] = field(default_factory=list)  # what each request handed over, as batches() yields it
+    unfinished: int = field(default=0, init=False)  # requests whose final output batches() has not yielded
     # Characters of text the inbox may hold (None: no bound). A stream's consumer stuck on a client that does
     # not read takes nothing out, while the engine goes on decoding into it.
     max_buffered: int | None = field(default=None, init=False)
     on_overflow: Callable[[], None] | None = field(default=None, init=False)  # the stream drops its client
+    _index: dict[int, int] = field(default_factory=dict, init=False)  # request id -> its choice
     _buffered: int = field(default=0, init=False)
     _overflowed: bool = field(default=False, init=False)
-    _inbox: list[Delta | Failure] = field(default_factory=list, init=False)  # event loop only
+    _inbox: list[RequestOutput | Failure] = field(default_factory=list, init=False)  # event loop only
     _arrived: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
-    def add(self, request: Request) -> None:
-        self.requests.append(request)
+    def add(self, request_id: int, n_prompt_tokens: int) -> None:
+        self._index[request_id] = len(self.request_ids)
+        self.request_ids.append(request_id)
+        self.choices.append(Choice(n_prompt_tokens))
 
-    def push(self, item: Delta | Failure) -> None:
+    def index_of(self, output: RequestOutput) -> int:
+        """Which choice an output is of."""
+        return self._index[output.request_id]
+
+    def push(self, item: RequestOutput | Failure) -> None:
         """Called from the engine thread."""
         try:
             self.loop.call_soon_threadsafe(self.put, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             self.abort()
 
-    def put(self, item: Delta | Failure) -> None:
+    def put(self, item: RequestOutput | Failure) -> None:
         """On the event loop."""
-        if self.max_buffered is not None and isinstance(item, Delta):
+        if self.max_buffered is not None and isinstance(item, RequestOutput):
             self._buffered += len(item.text)
             if self._buffered > self.max_buffered or self._overflowed:
                 self._overflow()
@@ -103,23 +137,29 @@ class Generation:
             self.on_overflow()
 
     def abort(self) -> None:
-        """End every unfinished request at the next tick; safe from any thread, a no-op once finished."""
-        for request in self.requests:
-            if not request.is_finished:
-                self.owner.abort(request.id)
+        """End every unfinished request at the next tick; safe from any thread, a no-op once finished (the engine
+        ignores a request it no longer knows)."""
+        for request_id, choice in zip(self.request_ids, self.choices, strict=True):
+            if not choice.finished:
+                self.owner.abort(request_id)
 
-    async def batches(self) -> AsyncIterator[list[Delta]]:
-        """Text deltas until every request has finished, all those that arrived since the last batch at once.
-        Raises a GenerationError if it failed (after the deltas that came before the failure)."""
-        self.unfinished = len(self.requests)
+    async def batches(self) -> AsyncIterator[list[RequestOutput]]:
+        """Outputs until every request has finished, all those that arrived since the last batch at once, each
+        taken into its choice as it is yielded. Raises a GenerationError if it failed (after the outputs that came
+        before the failure)."""
+        self.unfinished = len(self.request_ids)
         while self.unfinished:
             await self._arrived.wait()
             self._arrived.clear()
             items, self._inbox, self._buffered = self._inbox, [], 0
-            batch: list[Delta] = []
+            batch: list[RequestOutput] = []
             for item in items:
-                problem = self._problem(item)
-                if problem is not None:
+                if isinstance(item, Failure):
+                    if batch:
+                        yield batch
+                    raise item.error(item.message)
+                self.choices[self.index_of(item)].take(item)
+                if (problem := _problem(item)) is not None:
                     if batch:
                         yield batch
                     raise problem
@@ -127,20 +167,17 @@ class Generation:
                 self.unfinished -= item.finished
             yield batch
 
-    async def events(self) -> AsyncIterator[Delta]:
-        """The deltas of batches(), one at a time."""
+    async def events(self) -> AsyncIterator[RequestOutput]:
+        """The outputs of batches(), one at a time."""
         async for batch in self.batches():
-            for delta in batch:
-                yield delta
+            for output in batch:
+                yield output
 
-    def _problem(self, item: Delta | Failure) -> GenerationError | None:
-        if isinstance(item, Failure):
-            return item.error(item.message)
-        if not item.finished:
-            return None
-        request = self.requests[item.index]
-        if request.finish_reason is FinishReason.ERROR:
-            return (RequestFailed if request.own_fault else EngineUnavailable)(f"generation failed: {request.error}")
-        if request.finish_reason is FinishReason.ABORT:  # shutdown (or a client already gone)
-            return EngineUnavailable("the request was aborted: the server is shutting down")
-        return None
+
+def _problem(output: RequestOutput) -> GenerationError | None:
+    """What a final output that did not end well tells the client."""
+    if output.finish_reason is FinishReason.ERROR:
+        return (RequestFailed if output.own_fault else EngineUnavailable)(f"generation failed: {output.error}")
+    if output.finish_reason is FinishReason.ABORT:  # shutdown (or a client already gone)
+        return EngineUnavailable("the request was aborted: the server is shutting down")
+    return None

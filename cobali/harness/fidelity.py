@@ -19,18 +19,18 @@ from dataclasses import asdict, dataclass
 from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.engine.request import FinishReason
+from cobali.offline import LLM
 from cobali.workloads import WorkItem
 
-# Largest reference margin (nats) at which a divergence still counts as noise. Measured on this project's
-# 2-core AMD EPYC VM (bench/fidelity_matrix.sh; docs/results.md, "Output fidelity"): noise divergences over
-# two workloads and four configurations (mixed batches, 32-token chunks, preemption, prefix reuse) all sat at
-# margins of 0.002-0.31 nats; the planted bugs of tests/integration/test_engine_real.py diverged at up to 2.5-3.1 nats
-# (the first step of a corrupted request may still land on a near-tie: a run is judged by its largest).
-# 1.0 leaves 3x headroom over the noise for other CPUs' kernels and stays well under the bugs.
+# Largest reference margin (nats) at which a divergence still counts as noise: above every divergence honest
+# batching made in the fidelity matrix (bench/engine/fidelity_matrix.sh: mixed batches, short chunks, preemption,
+# prefix reuse), with headroom for other CPUs' kernels, and below the clear divergences of the planted bugs of
+# tests/integration/test_engine_real.py (the first step of a corrupted request may still land on a near-tie: a run
+# is judged by its largest). The margins: docs/results.md, "Output fidelity".
 EPSILON = 1.0
 # The tests' second check: with few tokens a request, most must be in common (summed over requests, up to each
 # first divergence). Not part of the verdict: over long outputs near-ties become likely, and a correct prefix
-# cache on mixed_length kept only 43 % of tokens in common while every divergence sat under 0.22 nats.
+# cache on mixed_length kept fewer than half its tokens in common while every divergence was a near-tie.
 MIN_COMMON_FRACTION = 0.5
 TOP_LOGPROBS = 2  # the margin needs the two most likely tokens
 
@@ -133,13 +133,14 @@ class FidelityReport:
 def greedy_traces(engine: Engine, items: Sequence[WorkItem], max_new: int) -> list[Trace]:
     """Run every item greedily to its full length (EOS ignored, so both runs compare as many steps) and
     keep each step's margin."""
-    requests = [engine.submit(item.prompt, SamplingParams(max_tokens=item.max_tokens or max_new, ignore_eos=True,
-                                                          logprobs=TOP_LOGPROBS))
-                for item in items]
-    engine.run_until_done()
-    return [Trace(tuple(r.output_tokens), tuple(lp.top[0][1] - lp.top[1][1] for lp in r.logprobs),
-                  r.error if r.finish_reason is FinishReason.ERROR else None)
-            for r in requests]
+    llm = LLM(engine)
+    keys = [llm.submit(item.prompt, SamplingParams(max_tokens=item.max_tokens or max_new, ignore_eos=True,
+                                                   logprobs=TOP_LOGPROBS))
+            for item in items]
+    finished = dict(llm.run())
+    return [Trace(o.token_ids, tuple(lp.top[0][1] - lp.top[1][1] for lp in o.logprobs),
+                  o.error if o.finish_reason is FinishReason.ERROR else None)
+            for o in (finished[key] for key in keys)]
 
 
 def compare(index: int, reference: Trace, candidate: Trace) -> RequestFidelity:

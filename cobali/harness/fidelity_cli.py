@@ -49,16 +49,17 @@ def fidelity_command(args: argparse.Namespace) -> int:
     reference = run_reference(args, items)
     spec = engine_setup(args, args.mode)
     backend = build_backend(spec.backend)
+    info = backend.info
     try:
         engine = spec.build_engine(backend)
         candidate = greedy_traces(engine, items, args.max_new)
         stats = {"preemptions": engine.scheduler.preemptions, "prefix_hit_tokens": engine.slots.hit_tokens,
-                 "ticks": len(engine.ticks), "backend": asdict(backend.info)}
+                 "ticks": len(engine.ticks), "backend": asdict(info)}
     finally:
         backend.close()
     report = compare_runs(reference, candidate, args.epsilon)
     print(f"cobali bench fidelity: {len(items)} prompts; candidate: mode {args.mode}, {args.max_slots} slots, "
-          f"chunk {args.prefill_chunk_tokens}, {stats['backend']['description']}, n_ctx {stats['backend']['n_ctx']}; "
+          f"chunk {args.prefill_chunk_tokens}, {info.description}, n_ctx {info.n_ctx}; "
           f"{stats['preemptions']} preemptions, {stats['prefix_hit_tokens']} prompt tokens from the prefix cache")
     print(report.describe())
     if args.out:

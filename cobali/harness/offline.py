@@ -7,17 +7,18 @@ import dataclasses
 import itertools
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
 from cobali.backends.base import Backend, SamplingParams
-from cobali.engine.budget import CostModel
+from cobali.engine.costs import CostProfile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.request import Request
+from cobali.engine.outputs import RequestOutput
+from cobali.offline import LLM
 from cobali.runner import RunResult, run_workload, user_cpu_seconds
 from cobali.workloads import WorkItem
 
@@ -92,7 +93,7 @@ def sweep_configs(sweeps: Sequence[str], max_slots: int, prefill_chunk_tokens: i
         fields = {"max_slots": max_slots, "prefill_chunk_tokens": prefill_chunk_tokens}
         fields.update({SWEEP_KNOBS[k][0]: v for k, v in chosen.items()})
         name = "cont-" + "-".join(f"{SWEEP_KNOBS[k][1]}{v}" for k, v in chosen.items())
-        configs.append(BenchConfig(name, "cont", knobs=chosen, **fields))
+        configs.append(BenchConfig(name, "cont", fields["max_slots"], fields["prefill_chunk_tokens"], knobs=chosen))
     return configs
 
 
@@ -112,7 +113,7 @@ class BenchRun:
 
 
 def run_configs(backend: Backend, configs: Sequence[BenchConfig], items: Sequence[WorkItem], base: EngineConfig,
-                load: LoadOptions, costs: CostModel | None = None) -> list[BenchRun]:
+                load: LoadOptions, costs: CostProfile | None = None) -> list[BenchRun]:
     """Each config on the same backend, one after the other. Engines are all built first so a bad config
     fails before any run; each one's SlotPool clears a slot's KV when it hands the slot out."""
     engines = [Engine(backend, c.engine_config(base), costs=costs) for c in configs]
@@ -135,30 +136,28 @@ def run_open_loop(engine: Engine, items: Sequence[WorkItem], load: LoadOptions, 
     clock = engine.clock
     cpu0, wall0 = user_cpu_seconds(), clock()
     arrivals = [wall0 + t for t in load.arrival_offsets]
-    requests: list[Request] = []
-    pending: list[Request] = []
+    llm = LLM(engine)
+    keys: list[Hashable] = []
+    finished: dict[Hashable, RequestOutput] = {}
     idle_after: set[int] = set()
     bar = tqdm(total=len(items), desc=progress, unit="req", leave=False, disable=progress is None)
     try:
-        while len(requests) < len(items) or engine.has_work:
+        while len(keys) < len(items) or llm.has_work:
             now = clock()
-            while len(requests) < len(items) and arrivals[len(requests)] <= now:
-                item = items[len(requests)]
-                max_tokens = item.max_tokens or load.max_new
-                params = SamplingParams(max_tokens=max_tokens, ignore_eos=load.ignore_eos)
-                request = engine.submit(item.prompt, params, arrival_time=arrivals[len(requests)])
-                requests.append(request)
-                pending.append(request)
-            if engine.has_work:
-                engine.step()
-            elif len(requests) < len(items):
+            while len(keys) < len(items) and arrivals[len(keys)] <= now:
+                item = items[len(keys)]
+                params = SamplingParams(max_tokens=item.max_tokens or load.max_new, ignore_eos=load.ignore_eos)
+                keys.append(llm.submit(item.prompt, params, arrival_time=arrivals[len(keys)]))
+            if llm.has_work:
+                done = llm.step()
+                finished.update(done)
+                bar.update(len(done))
+            elif len(keys) < len(items):
                 # Nothing to run: the host gap until the next tick is waiting, not overhead.
                 idle_after.add(len(engine.ticks) - 1)
-                sleep(max(0.0, arrivals[len(requests)] - clock()))
-            still = [r for r in pending if not r.is_finished]
-            bar.update(len(pending) - len(still))
-            pending = still
+                sleep(max(0.0, arrivals[len(keys)] - clock()))
     finally:
         bar.close()
     wall = clock() - wall0
-    return RunResult(requests, wall, user_cpu_seconds() - cpu0, list(engine.ticks)), frozenset(idle_after)
+    outputs = [finished[key] for key in keys]
+    return RunResult(outputs, wall, user_cpu_seconds() - cpu0, list(engine.ticks)), frozenset(idle_after)

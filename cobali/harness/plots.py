@@ -18,7 +18,7 @@ import numpy as np
 from cobali.engine.plan import ChunkKind, TickRecord
 from cobali.harness.offline import BenchRun
 from cobali.harness.report import gaps_ms
-from cobali.latency import latency_samples, request_timing
+from cobali.latency import final_stats, latency_samples, request_timing
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -115,8 +115,8 @@ def slot_timeline(path: Path, name: str, ticks: Sequence[TickRecord]) -> Path:
     for slot, slot_runs in runs.items():
         # One collection per colour and slot: thousands of ticks stay a handful of artists.
         bars: dict[str, list[tuple[int, int]]] = {"lightgrey": []}
-        for request_id, group in itertools.groupby(slot_runs, key=lambda r: r[2]):
-            group = list(group)
+        for request_id, grouped in itertools.groupby(slot_runs, key=lambda r: r[2]):
+            group = list(grouped)
             # A cohort member may be admitted ticks before its first prefill rows fit in the batch.
             start = min(admitted.get(request_id, group[0][0]), group[0][0])
             bars["lightgrey"].append((start, group[-1][0] + group[-1][1] - start))
@@ -200,7 +200,7 @@ def sweep_plots(out: Path, summaries: Sequence[dict]) -> list[Path]:
 
 
 def write_offline_plots(out: Path, runs: Sequence[BenchRun], summaries: Sequence[dict]) -> list[Path]:
-    samples = {r.config.name: latency_samples(request_timing(q) for q in r.result.requests) for r in runs}
+    samples = {r.config.name: latency_samples(request_timing(final_stats(o)) for o in r.result.outputs) for r in runs}
     gaps = {r.config.name: gaps_ms(r.result.ticks, r.idle_after) for r in runs}
     paths = [throughput_bars(out / "throughput.png", summaries),
              latency_cdfs(out / "latency_cdf.png", samples),

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from cobali.engine.costfit import TickTerms
+from cobali.engine.costs import TickTerms
 from cobali.engine.plan import TickRecord
 from cobali.harness.offline import BenchRun
 from cobali.latency import LATENCIES, percentile_stats, request_record, write_json
@@ -115,7 +115,7 @@ def write_offline_files(out: Path, meta: dict, runs: Sequence[BenchRun],
     written = [write_json(out / "summary.json", {**meta, "runs": list(summaries)})]
     for run in runs:
         name = run.config.name
-        records = [request_record(r) for r in run.result.requests]
+        records = [request_record(r) for r in run.result.outputs]
         written.append(write_json(out / f"requests_{name}.json", records))
         written.append(write_ticks_csv(out / f"ticks_{name}.csv", run.result.ticks))
     return written

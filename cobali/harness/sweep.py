@@ -129,13 +129,15 @@ def combine_repeats(rows: Sequence[dict]) -> dict:
     `runs` the runs themselves, each with its arrival seed, for ratios paired run by run."""
     if len(rows) == 1:
         return dict(rows[0])
-    merged, noise = {key: value for key, value in rows[0].items() if key != "seed"}, {}
+    merged = {key: value for key, value in rows[0].items() if key != "seed"}
+    noise: dict[str, float] = {}
     for key in list(merged):
         values = [r.get(key) for r in rows]
-        if key == "rate" or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        if key == "rate" or len(numbers) < len(values):
             continue
-        merged[key] = statistics.median(values)
+        merged[key] = statistics.median(numbers)
         if merged[key]:
-            noise[key] = (max(values) - min(values)) / 2 / abs(merged[key])
+            noise[key] = (max(numbers) - min(numbers)) / 2 / abs(merged[key])
     merged["failed"] = sum(r["failed"] for r in rows)
     return {**merged, "repeats": len(rows), "noise": noise, "runs": [dict(row) for row in rows]}

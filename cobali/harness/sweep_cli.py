@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from cobali.harness import plots
 from cobali.harness.serve_client import ServeOptions, run_serve
@@ -76,8 +77,9 @@ def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list
     def measure(points: list[tuple[str, str, float]]) -> None:
         """Each (server, url, rate) args.repeat times, the servers in turn within every repeat: the machine's
         drift over a sweep (minutes-long slow spells) then falls on all of them alike. Repeat k draws its
-        arrivals from seed --seed + k, the same for every server: near saturation one arrival pattern can
-        decide a p50 by 2x, so repeats sample patterns while each pattern still meets every server."""
+        arrivals from seed --seed + k, the same for every server: near saturation one arrival pattern can move
+        a p50 far (docs/results.md, "Under Poisson load"), so repeats sample patterns while each pattern still
+        meets every server."""
         runs: dict[str, list[dict]] = {name: [] for name, _, _ in points}
         for repeat in range(args.repeat):
             for name, url, rate in points:
@@ -98,8 +100,9 @@ def sweep_command(args: argparse.Namespace, items: list[WorkItem], servers: list
     capacities = {name: search.capacity() for name, search in searches.items()}
     for name, capacity in capacities.items():
         print(f"{name}: capacity {capacity.describe()}")
-    results = {name: {"rows": sorted(rows[name], key=lambda r: r["rate"]), "capacity": asdict(capacities[name])}
-               for name in rows}
+    results: dict[str, dict[str, Any]] = {
+        name: {"rows": sorted(rows[name], key=lambda r: r["rate"]), "capacity": asdict(capacities[name])}
+        for name in rows}
     print(format_sweep(results, slo))
     if args.out:
         out = Path(args.out)

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from cobali.engine.request import Request
+from cobali.engine.outputs import RequestOutput
 from cobali.harness.offline import BenchRun
 from cobali.runner import RunResult
 
@@ -46,23 +46,24 @@ def _tick_events(pid: int, result: RunResult, us) -> list[dict]:
     return events
 
 
-def _request_events(pid: int, request: Request, us) -> list[dict]:
-    if request.first_scheduled_time is None or request.finish_time is None:
+def _request_events(pid: int, output: RequestOutput, us) -> list[dict]:
+    stats = output.stats
+    if stats is None or stats.first_scheduled_time is None:
         return []  # never ran (rejected at submit): nothing to draw
-    tid = request.id + 1
-    first_token = request.token_times[0] if request.token_times else request.finish_time
-    args = {"prompt_tokens": len(request.prompt_tokens), "output_tokens": len(request.output_tokens)}
-    events = _meta(pid, tid, "thread", f"req {request.id}", tid)
-    scheduled = us(request.first_scheduled_time)
-    events.append(_span(pid, tid, "queued", "request", us(request.arrival_time), scheduled))
+    tid = output.request_id + 1
+    first_token = stats.token_times[0] if stats.token_times else stats.finish_time
+    args = {"prompt_tokens": stats.n_prompt_tokens, "output_tokens": stats.n_output_tokens}
+    events = _meta(pid, tid, "thread", f"req {output.request_id}", tid)
+    scheduled = us(stats.first_scheduled_time)
+    events.append(_span(pid, tid, "queued", "request", us(stats.arrival_time), scheduled))
     events.append(_span(pid, tid, "prefill", "request", scheduled, us(first_token), args))
-    if request.token_times:
-        events.append(_span(pid, tid, "decode", "request", us(first_token), us(request.finish_time), args))
+    if stats.token_times:
+        events.append(_span(pid, tid, "decode", "request", us(first_token), us(stats.finish_time), args))
     return events
 
 
 def run_events(pid: int, name: str, result: RunResult) -> list[dict]:
-    starts = [r.arrival_time for r in result.requests] + [t.start for t in result.ticks[:1]]
+    starts = [o.stats.arrival_time for o in result.outputs if o.stats] + [t.start for t in result.ticks[:1]]
     t0 = min(starts, default=0.0)
 
     def us(t: float) -> float:
@@ -71,8 +72,8 @@ def run_events(pid: int, name: str, result: RunResult) -> list[dict]:
     events = _meta(pid, TICK_TID, "process", name, pid)
     events += _meta(pid, TICK_TID, "thread", "engine ticks", TICK_TID)
     events += _tick_events(pid, result, us)
-    for request in result.requests:
-        events += _request_events(pid, request, us)
+    for output in result.outputs:
+        events += _request_events(pid, output, us)
     return events
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -14,36 +15,37 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from cobali.engine.engine import Engine
-from cobali.frontend.client import EngineThread, QueueFull
+from cobali.frontend.client import EngineClient, QueueFull
 from cobali.frontend.errors import APIError, install_error_handlers, unavailable, unknown_model
 from cobali.frontend.generation import EngineUnavailable, GenerationError
-from cobali.frontend.request_limits import OverLimit, PreprocessLimits, RequestLimits
+from cobali.frontend.interface import SlotState
+from cobali.frontend.request_limits import OverLimit
 from cobali.frontend.work_pool import WorkPool
+from cobali.http.anthropic_errors import AnthropicErrors
 from cobali.http.body_limit import BodyLimit
-from cobali.http.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BUFFER_CHARS, DEFAULT_SEND_TIMEOUT_S
+from cobali.http.config import ServerConfig
 from cobali.http.parse import document_bodies
 from cobali.http.prometheus import ServerMetrics
-from cobali.http.routes import chat, completions, embeddings, lora, responses, tokenize
+from cobali.http.routes import chat, completions, embeddings, lora, messages, responses, tokenize
 from cobali.http.state import LoraNames, ServerContext
-from cobali.structured.limits import GrammarLimits
 
 ops = APIRouter()
 
 
 async def require_api_key(http: Request) -> None:
-    """Bearer auth for /v1/*, /tokenize, /detokenize, /slots and the docs (/docs, /redoc, /openapi.json); /health
-    and /metrics stay open for probes and scrapers. Async, because FastAPI runs a plain-def dependency on a worker
-    thread: a thread hop per request."""
-    keys = http.app.state.server.api_keys
+    """Bearer auth for /v1/*, /tokenize, /detokenize, /slots and the docs (/docs, /redoc, /openapi.json), the key
+    also taken as `x-api-key` (Anthropic's SDKs send it there); /health and /metrics stay open for probes and
+    scrapers. Async, because FastAPI runs a plain-def dependency on a worker thread: a thread hop per request."""
+    keys = _context(http).config.api_keys
     if not keys:
         return
     scheme, _, token = http.headers.get("authorization", "").partition(" ")
-    given = token.strip().encode()
+    offered = [token.strip()] if scheme.lower() == "bearer" else []
+    offered += http.headers.getlist("x-api-key")
     # Every key compared, in constant time each: how long the check takes says nothing of which key matched.
-    matches = [secrets.compare_digest(given, key.encode()) for key in keys]
-    if scheme.lower() != "bearer" or not any(matches):
-        raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+    matches = [secrets.compare_digest(given.encode(), key.encode()) for given in offered for key in keys]
+    if not any(matches):
+        raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                        "authentication_error", code="invalid_api_key")
 
 
@@ -77,7 +79,7 @@ def _context(http: Request) -> ServerContext:
 @ops.get("/health")
 async def health(http: Request) -> JSONResponse:
     try:
-        _context(http).engine_thread.require_engine()
+        _context(http).client.require_engine()
     except EngineUnavailable as err:  # loading, failed or draining: take this replica out of rotation
         return unavailable(str(err)).response()
     return JSONResponse({"status": "ok"})
@@ -90,12 +92,11 @@ async def metrics(http: Request) -> Response:
 
 def _model_card(server: ServerContext, model_id: str) -> dict:
     """The base model's card, or (vLLM's) an adapter's, whose parent is the base model."""
-    engine = server.engine_thread.engine
-    card = {"id": model_id, "object": "model", "created": server.created, "owned_by": "cobali"}
+    card: dict = {"id": model_id, "object": "model", "created": server.created, "owned_by": "cobali"}
     if model_id != server.model_name:
         card["parent"] = server.model_name
-    if engine is not None:
-        card["max_model_len"] = engine.backend.info.n_ctx_seq
+    with contextlib.suppress(EngineUnavailable):  # loading, or gone: a card without it
+        card["max_model_len"] = server.client.model_info.max_model_len
     return card
 
 
@@ -115,69 +116,50 @@ async def model(model_id: str, http: Request) -> dict:
 
 @ops.get("/slots", dependencies=[Depends(require_api_key)])
 async def slots(http: Request) -> list[dict]:
-    return slot_table(_context(http).engine_thread.require_engine())
+    return [slot_row(slot) for slot in await _context(http).client.slot_states()]
 
 
-def slot_table(engine: Engine) -> list[dict]:
-    """Read from the event loop while the engine ticks: a snapshot, each row consistent enough to show."""
-    by_slot = {r.slot: r for r in list(engine.scheduler.running) if r.slot is not None}
-    rows = []
-    for slot in range(engine.config.max_slots):
-        request = by_slot.get(slot)
-        rows.append({
-            "id": slot,
-            "is_processing": request is not None,
-            "request_id": request.id if request else None,
-            "state": request.state.value if request else "idle",
-            "n_prompt_tokens": len(request.prompt_tokens) if request else 0,
-            "n_decoded": len(request.output_tokens) if request else 0,
-            "n_ctx_used": request.computed_tokens if request else 0,
-        })
-    return rows
+def slot_row(slot: SlotState) -> dict:
+    return {"id": slot.id, "is_processing": slot.is_processing, "request_id": slot.request_id, "state": slot.state,
+            "n_prompt_tokens": slot.n_prompt_tokens, "n_decoded": slot.n_decoded, "n_ctx_used": slot.n_ctx_used}
 
 
-def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue: int | None = None,
-               api_keys: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               chat_template: str | None = None, stream_interval: int = 1, lora_names: tuple[str, ...] = (),
-               runtime_lora: bool = False, send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
-               max_stream_buffer_chars: int = DEFAULT_MAX_STREAM_BUFFER_CHARS, limits: RequestLimits | None = None,
-               grammar: GrammarLimits | None = None, preprocess: PreprocessLimits | None = None,
-               allowed_origins: tuple[str, ...] = ()) -> FastAPI:
-    """The app and its engine thread, which builds the engine with `engine_factory` (loading the model).
-
-    The thread starts with the app, so /health answers 503 while the model loads, and stops with it.
-    lora_names: the adapters loaded with the model; runtime_lora: vLLM's load/unload routes are served.
-    limits, grammar, preprocess: what one request may cost (README, "Bounded cost"); None: the defaults.
-    api_keys: a request must bear one (none: open); allowed_origins: browser pages let in by CORS (none: no CORS).
-    """
-    pool = WorkPool(preprocess or PreprocessLimits())
+def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
+    """The app around an engine client built at the CLI edge (serve.build_app), which loads the model on its
+    thread: the thread starts with the app, so /health answers 503 while the model loads, and stops with it.
+    config.served_model_name names the model (the CLI edge fills it in when the flag left it out); what one
+    request may cost, who may call and how streams are held to their clients are config's too (README, "Bounded
+    cost")."""
+    if config.served_model_name is None:
+        raise ValueError("create_app needs the served model's name: ServerConfig.served_model_name")
+    pool = WorkPool(config.preprocess)
     metrics = ServerMetrics()
-    engine_thread = EngineThread(engine_factory, max_queue=max_queue, observer=metrics,
-                                 stream_interval=stream_interval)
+    client.observer = metrics  # the app's /metrics report what this client's engine does
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        engine_thread.start()
+        client.start()
         metrics.loop_lag.start()
         yield
         await metrics.loop_lag.stop()
-        await asyncio.to_thread(engine_thread.stop)  # joining must not block the loop it reports to
+        await asyncio.to_thread(client.stop)  # joining must not block the loop it reports to
         pool.close()
 
-    # FastAPI's own OpenTelemetry hooks look up the tracer provider in os.environ on every request (7.5 % of
-    # the event loop's time at 256 streams, bench/sleeping_backend.py); cobali's metrics are its /metrics.
+    # FastAPI's own OpenTelemetry hooks look up the tracer provider in os.environ on every request, a share of
+    # the event loop's time that grows with the streams (bench/engine/sleeping_backend.py); cobali's metrics are
+    # /metrics.
     app = FastAPI(title="cobali", lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False},
                   openapi_url=None, docs_url=None, redoc_url=None)  # the `docs` router's instead
-    app.state.server = ServerContext(engine_thread, metrics, model_name, api_keys, created=int(time.time()),
-                                     chat_template=chat_template, loras=LoraNames(lora_names),
-                                     send_timeout_s=send_timeout_s, max_stream_buffer_chars=max_stream_buffer_chars,
-                                     limits=limits or RequestLimits(), grammar=grammar or GrammarLimits(), pool=pool)
+    app.state.server = ServerContext(config, client, metrics, pool,
+                                     LoraNames(tuple(name for name, _ in config.lora_modules)), int(time.time()))
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    if allowed_origins:  # added last, so outermost: a preflight never reaches the key check, and a 413 has CORS too
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(AnthropicErrors)  # outside BodyLimit: its 413 too, in Anthropic's shape on those routes
+    # CORS added last, so outermost: a preflight never reaches the key check, and a 413 has CORS too.
+    if config.allowed_origins:
         # Any request header: the OpenAI SDKs send Authorization and Content-Type, and the JS one X-Stainless-*
         # besides; the origin is the gate. No credentials: the key rides in a header, not a cookie.
-        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"])
 
     @app.exception_handler(GenerationError)
@@ -194,7 +176,7 @@ def create_app(engine_factory: Callable[[], Engine], model_name: str, max_queue:
 
     app.include_router(ops)
     app.include_router(docs)
-    for routes in (completions, chat, embeddings, responses, tokenize, *[lora] * runtime_lora):
+    for routes in (completions, chat, embeddings, responses, messages, tokenize, *[lora] * config.runtime_lora):
         app.include_router(routes.router, dependencies=[Depends(require_api_key)])
     document_bodies(app)  # the routes parse their own bodies (parse.py): their schemas are added here
     return app

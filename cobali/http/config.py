@@ -28,6 +28,8 @@ class ServerConfig:
     replicas: int = 1
     ray_address: str | None = None
     chat_template: str | None = None  # --chat-template: the Jinja text, used instead of the model's own
+    reasoning_parser: str = "auto"  # --reasoning-parser: a name, auto (from the chat template) or none
+    tool_call_parser: str = "auto"  # --tool-call-parser: a name, or auto (from the chat template)
     stream_interval: int = 1  # tokens per streamed delta at most; the first text and the end never wait
     lora_modules: tuple[tuple[str, str], ...] = ()  # --lora-modules: (model id, adapter GGUF), adapters 1, 2, ...
     runtime_lora: bool = False  # --allow-runtime-lora-updating: vLLM's load/unload routes

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec
 
@@ -71,6 +72,15 @@ def stop_watch(scope: Scope) -> None:
         watch.stop()
 
 
+def only_our_cancel(task: asyncio.Task) -> bool:
+    """After catching the CancelledError of a cancel this code made: withdraws it, and says whether no one
+    else's is pending (a shutdown's, theirs to handle). Python 3.10 counts no cancels: there, one that lands
+    with ours reads as ours, and the task ends at once anyway."""
+    if sys.version_info >= (3, 11):
+        return task.uncancel() == 0
+    return True
+
+
 def cancelled_on_disconnect(handler: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
     """A route handler (taking a Request) cancelled at its next await when its client goes: one that goes while
     its prompt is rendered or its grammar compiled is never submitted. Generations it submits register their
@@ -96,8 +106,7 @@ def cancelled_on_disconnect(handler: Callable[P, Awaitable[Response]]) -> Callab
             streaming = isinstance(response, StreamingResponse)  # EventStream stops the watch when it ends
             return response
         except asyncio.CancelledError:
-            uncancel = getattr(task, "uncancel", None)  # Python 3.11+; on 3.10 a shutdown's cancel reads as ours
-            if not cancelled or (uncancel is not None and uncancel() > 0):  # someone else's too: theirs to handle
+            if not (cancelled and only_our_cancel(task)):
                 raise
             return Response(status_code=CLIENT_GONE)
         finally:

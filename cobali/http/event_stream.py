@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from cobali.frontend.generation import Generation
-from cobali.http.disconnect import stop_watch
+from cobali.http.disconnect import only_our_cancel, stop_watch
 
 log = logging.getLogger("cobali.http")
 
@@ -71,8 +71,8 @@ class EventStream(StreamingResponse):
     """Server-sent events from a generator. The client's disconnect is watched by the request's ClientWatch
     (cobali.http.disconnect), started before the handler returned this. Starlette's StreamingResponse adds a
     second watcher under ASGI servers older than spec 2.4 (uvicorn's is 2.3): a task group per request, whose
-    cancel formats a task's repr. Measured with 256 short streams on a 5 ms sleeping backend, that was a tenth
-    of the event loop's time."""
+    cancel formats a task's repr: with many short streams, a large share of the event loop's time
+    (docs/results.md, "Host path")."""
 
     media_type = "text/event-stream"
 
@@ -92,7 +92,7 @@ class EventStream(StreamingResponse):
         try:
             await self.stream_response(deadline.wrap(send))
         except asyncio.CancelledError:
-            if deadline.dropped is None or task.uncancel() > 0:  # not (only) ours: shutdown
+            if not (deadline.dropped is not None and only_our_cancel(task)):
                 raise
             # uvicorn closes the connection, since the response never completed
             log.warning("dropped a stream's client: %s; its generation is aborted", deadline.dropped)

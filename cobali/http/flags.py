@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Mapping
 
+from cobali.frontend.parsers.reasoning import REASONING_PARSERS
+from cobali.frontend.parsers.reply import AUTO
+from cobali.frontend.parsers.tools import TOOL_PARSERS
 from cobali.http.config import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_STREAM_BUFFER_CHARS,
@@ -68,11 +72,28 @@ def _lora_module(text: str) -> tuple[str, str]:
     return name, path
 
 
+def _parser_name(known: Mapping[str, object], *others: str) -> Callable[[str], str]:
+    def name(text: str) -> str:
+        if text not in known and text not in (AUTO, *others):
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(sorted(known))}, "
+                                             f"{', '.join((AUTO, *others))}")
+        return text
+
+    return name
+
+
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     """What a request's body may name, and how its chat is rendered: `serve`'s and `run-batch`'s."""
     parser.add_argument("--served-model-name", default=None, help="model id in the API (default: GGUF name)")
     parser.add_argument("--chat-template", type=_template_file, default=None, metavar="FILE",
                         help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template")
+    parser.add_argument("--reasoning-parser", type=_parser_name(REASONING_PARSERS, "none"), default=AUTO,
+                        metavar="NAME", help="how replies' reasoning is read apart from their content (vLLM's "
+                        f"names: {', '.join(sorted(REASONING_PARSERS))}; none: not at all; default: auto, from "
+                        "the chat template)")
+    parser.add_argument("--tool-call-parser", type=_parser_name(TOOL_PARSERS), default=AUTO, metavar="NAME",
+                        help=f"how tool calls are read from replies ({', '.join(sorted(TOOL_PARSERS))}; default: "
+                        "auto, from the chat template)")
     parser.add_argument("--lora-modules", type=_lora_module, nargs="+", default=(), metavar="NAME=PATH",
                         help="LoRA adapters (GGUF, as llama.cpp's convert_lora_to_gguf.py or `cobali synth-lora` "
                              "write them), each served as model NAME beside the base model; a tick runs the "
@@ -137,6 +158,7 @@ def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
 def run_batch_config(args: argparse.Namespace) -> ServerConfig:
     """The in-process server a batch runs through: no socket, and no queue limit (the batch bounds itself)."""
     return ServerConfig(served_model_name=args.served_model_name, chat_template=args.chat_template, max_queue=None,
+                        reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
                         lora_modules=tuple(args.lora_modules), limits=request_limits(args),
                         grammar=grammar_limits(args), preprocess=preprocess_limits(args, client_queue=False))
 
@@ -149,6 +171,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
                         shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address,
                         chat_template=args.chat_template, stream_interval=args.stream_interval,
+                        reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
                         lora_modules=tuple(args.lora_modules), runtime_lora=args.allow_runtime_lora_updating,
                         send_timeout_s=args.send_timeout, max_stream_buffer_chars=args.max_stream_buffer,
                         limits=request_limits(args), grammar=grammar_limits(args), preprocess=preprocess_limits(args))

@@ -5,7 +5,7 @@ holds the loop (a regex, a tokenization, a grammar compiled in a handler) or the
 every request at once: the loop that should answer them all was busy. Exposed in /metrics as the histogram
 `cobali:event_loop_lag_seconds` and the gauge `cobali:event_loop_lag_max_seconds` (the worst since the start).
 
-Cheap: one timer a period and one histogram observation (~1 µs) per wake-up, ~100 a second.
+Cheap: one timer a period and one histogram observation per wake-up, ~100 a second.
 """
 
 from __future__ import annotations

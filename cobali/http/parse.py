@@ -105,7 +105,7 @@ def document_bodies(app: FastAPI) -> None:
             app.openapi_schema = spec = jsonable_encoder(OpenAPI(**spec), by_alias=True, exclude_none=True)
         return spec
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend its spec
 
 
 def _body_refs(spec: dict[str, Any]) -> list[str]:

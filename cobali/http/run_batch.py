@@ -25,7 +25,7 @@ import httpx
 from fastapi import FastAPI
 
 from cobali.config import EngineSetup
-from cobali.frontend.client import EngineState, EngineThread
+from cobali.frontend.client import EngineClient, EngineState
 from cobali.http.config import ServerConfig
 from cobali.http.protocol.bodies import unencodable_text
 from cobali.http.serve import build_app
@@ -83,7 +83,7 @@ async def run_batch(app: FastAPI, lines: list[BatchLine], out: IO[str], concurre
     """Run the lines through the app's routes, `concurrency` at a time; each result appended to `out` as it
     comes. Returns how many were written: all of them (a route's crash is its line's 500)."""
     async with app.router.lifespan_context(app):
-        await _until_ready(app.state.server.engine_thread)
+        await _until_ready(app.state.server.client)
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://cobali", timeout=None) as client:
             todo = iter(lines)
@@ -103,13 +103,13 @@ async def run_batch(app: FastAPI, lines: list[BatchLine], out: IO[str], concurre
     return len(lines)
 
 
-async def _until_ready(thread: EngineThread) -> None:
+async def _until_ready(client: EngineClient) -> None:
     """The model loads on the engine thread: wait for it however long it takes, and fail with its error if it
     cannot load."""
-    while thread.state is EngineState.LOADING:
+    while client.state is EngineState.LOADING:
         await asyncio.sleep(0.05)
-    if thread.state is not EngineState.READY:
-        raise ValueError(f"the engine is not available: {thread.error or thread.state.value}")
+    if client.state is not EngineState.READY:
+        raise ValueError(f"the engine is not available: {client.error or client.state.value}")
 
 
 def output_record(line: BatchLine, response: httpx.Response) -> dict[str, Any]:

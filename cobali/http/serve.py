@@ -5,19 +5,18 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import math
 import signal
 import ssl
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 
-from cobali.backends.embedded_model import embedded_model_path
 from cobali.config import EngineSetup
 from cobali.frontend.chat_template import JinjaChatTemplate
-from cobali.frontend.client import EngineThread
+from cobali.frontend.client import EngineClient
 from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
 
@@ -60,53 +59,54 @@ def warn_if_open(settings: ServerConfig) -> None:
                 settings.port)
 
 
-def tls_options(settings: ServerConfig) -> dict[str, str]:
-    """uvicorn's TLS options, the pair loaded once here first: a key that is not the certificate's, or a file
+def serves_tls(settings: ServerConfig) -> bool:
+    """Whether to serve HTTPS, the pair loaded once here first: a key that is not the certificate's, or a file
     that is no PEM, is then a CLI error naming them before the model loads, not uvicorn's traceback after."""
     if settings.ssl_certfile is None or settings.ssl_keyfile is None:
-        return {}
+        return False
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
     except OSError as err:  # ssl.SSLError among them
         raise ValueError(f"--ssl-certfile {settings.ssl_certfile} with --ssl-keyfile {settings.ssl_keyfile}: "
                          f"{err}") from None
-    return {"ssl_certfile": settings.ssl_certfile, "ssl_keyfile": settings.ssl_keyfile}
+    return True
 
 
 def build_app(spec: EngineSetup, server: ServerConfig) -> FastAPI:
-    """The server's app from its configs; each Ray Serve replica hosts one too (cobali.ray.serve)."""
-    model_name = server.served_model_name or Path(spec.backend.model_path or embedded_model_path()).stem
+    """The server's app from its configs, around an engine client that builds the engine from `spec` once the
+    app starts; each Ray Serve replica hosts one too (cobali.ray.serve)."""
+    model_name = server.served_model_name or spec.model_name()
     if server.chat_template is not None:
         JinjaChatTemplate(server.chat_template)  # a template that does not compile fails here, not per request
-    if model_name in (names := tuple(name for name, _ in server.lora_modules)):
+    if model_name in (name for name, _ in server.lora_modules):
         raise ValueError(f"--lora-modules: {model_name!r} is the base model's name")
     # The --grammar-* flags are the server's; the engine's compiler holds every constraint to them.
     spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, grammar_limits=server.grammar))
-    return create_app(spec.build_engine, model_name, server.max_queue, server.api_keys, server.max_body_bytes,
-                      server.chat_template, server.stream_interval, names, server.runtime_lora,
-                      server.send_timeout_s, server.max_stream_buffer_chars, server.limits, server.grammar,
-                      server.preprocess, server.allowed_origins)
+    server = dataclasses.replace(server, served_model_name=model_name)
+    return create_app(server, EngineClient(spec.build_engine, max_queue=server.max_queue,
+                                           stream_interval=server.stream_interval))
 
 
 def serve(spec: EngineSetup, settings: ServerConfig) -> int:
     """Bad flag combinations failed when the configs were built, before the port is bound; the rest at load."""
     configure_logging()
     warn_if_open(settings)
-    tls = tls_options(settings)
+    tls = serves_tls(settings)
     app = build_app(spec, settings)
-    thread: EngineThread = app.state.server.engine_thread
+    client: EngineClient = app.state.server.client
     # The engine aborts what is left when the grace period ends, and the clients get a 503; uvicorn's own
     # timeout, which cancels handlers outright, is only a backstop.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            timeout_graceful_shutdown=settings.shutdown_grace_s + 5, **tls)
-    server = DrainingServer(config, on_exit=lambda: thread.drain(settings.shutdown_grace_s))
+                            timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + 5,
+                            ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile)
+    server = DrainingServer(config, on_exit=lambda: client.drain(settings.shutdown_grace_s))
     load_errors: list[str] = []
 
     def load_failed(message: str) -> None:
         load_errors.append(message)
         server.should_exit = True
 
-    thread.on_load_failed = load_failed
+    client.on_load_failed = load_failed
     # uvicorn re-raises the SIGTERM it caught once its shutdown is done, under the handler it found: make
     # that a no-op, since by then the shutdown was graceful and the exit status should be 0.
     signal.signal(signal.SIGTERM, lambda _sig, _frame: None)

@@ -6,13 +6,12 @@ import asyncio
 import functools
 from dataclasses import dataclass, field
 
-from cobali.frontend.client import EngineThread
+from cobali.frontend.client import EngineClient
 from cobali.frontend.errors import unknown_model
-from cobali.frontend.request_limits import PreprocessLimits, RequestLimits
+from cobali.frontend.inputs import InputProcessor
 from cobali.frontend.work_pool import WorkPool
-from cobali.http.config import DEFAULT_MAX_STREAM_BUFFER_CHARS, DEFAULT_SEND_TIMEOUT_S
+from cobali.http.config import ServerConfig
 from cobali.http.prometheus import ServerMetrics
-from cobali.structured.limits import GrammarLimits
 
 
 class LoraNames:
@@ -44,19 +43,30 @@ class LoraNames:
 
 @dataclass(frozen=True)
 class ServerContext:
-    engine_thread: EngineThread
+    config: ServerConfig  # its served_model_name set: the model's own name when the flag left it out
+    client: EngineClient
     metrics: ServerMetrics
-    model_name: str
-    api_keys: tuple[str, ...] = ()  # a request must bear one of them; none: the API is open
-    created: int = 0  # unix time the server started, for /v1/models
-    chat_template: str | None = None  # --chat-template: Jinja text used instead of the model's own
-    embedding_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one embeddings call at a time
+    pool: WorkPool  # tokenizing, templates, grammars: off the event loop
     loras: LoraNames = field(default_factory=LoraNames)
-    limits: RequestLimits = field(default_factory=RequestLimits)  # what one request may ask
-    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # what one constraint may cost
-    pool: WorkPool = field(default_factory=lambda: WorkPool(PreprocessLimits()))  # tokenizing, templates, grammars
-    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S  # a stream whose client reads nothing that long is dropped
-    max_stream_buffer_chars: int = DEFAULT_MAX_STREAM_BUFFER_CHARS  # text a stream may fall behind by
+    created: int = 0  # unix time the server started, for /v1/models
+
+    @property
+    def model_name(self) -> str:
+        assert self.config.served_model_name is not None, "create_app is given the name"
+        return self.config.served_model_name
+
+    def inputs(self) -> InputProcessor:
+        """How requests to this server's model are prepared; EngineUnavailable (a 503) unless the engine is ready
+        (loaded, not failed, not draining)."""
+        self.client.require_engine()
+        return self._inputs
+
+    @functools.cached_property  # once the model has loaded (inputs() checks first)
+    def _inputs(self) -> InputProcessor:
+        client = self.client
+        config = self.config
+        return InputProcessor(client.model_info, client.tokenizer, client.grammars, config.chat_template,
+                              config.reasoning_parser, config.tool_call_parser)
 
     def serves(self, model: str | None) -> bool:
         """A request may name the base model, one of its adapters, or none."""
@@ -71,4 +81,4 @@ class ServerContext:
 
     def model_id(self, model: str | None) -> str:
         """The model id replies name: the adapter asked for, else the base model."""
-        return model if model in self.loras else self.model_name
+        return model if model is not None and model in self.loras else self.model_name

@@ -22,7 +22,7 @@ import ray
 from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.types import Message
 
 from cobali.config import EngineSetup
@@ -39,16 +39,17 @@ APP_NAME = "cobali"
 HEADROOM = 16  # calls an engine takes beyond its queue limit, so /health, /metrics, /slots never wait behind it
 
 
-@serve.deployment
 class EngineReplica:
-    """One engine: the single server's app, with its engine thread, run in-process per request."""
+    """One engine: the single server's app, with its engine thread, run in-process per request (a deployment
+    once build_application wraps it)."""
 
-    async def __init__(self, spec: EngineSetup, settings: ServerConfig) -> None:
+    # Ray Serve awaits an async constructor, which Python's typing has no way to say.
+    async def __init__(self, spec: EngineSetup, settings: ServerConfig) -> None:  # type: ignore[misc]
         configure_logging()  # a fresh process: Ray only sets up its own loggers
         self.app = build_app(spec, settings)
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # starts the engine thread, which loads the model
-        self._thread = self.app.state.server.engine_thread
+        self._thread = self.app.state.server.client
         while self._thread.state is EngineState.LOADING:  # ready once loaded: serve.run waits for that
             await asyncio.sleep(0.05)
         self.check_health()
@@ -75,6 +76,7 @@ class RayEngine:
 
     async def messages(self, request: HTTPRequest) -> AsyncIterator[Message]:
         stream = self._handle.handle.remote(request)
+        assert isinstance(stream, DeploymentResponseGenerator)  # what a handle with stream=True returns
         finished = False
         try:
             async for message in stream:
@@ -85,7 +87,6 @@ class RayEngine:
                 stream.cancel()
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0})
 @serve.ingress()
 class Gateway:
     def __init__(self, engines: list[DeploymentHandle], max_body_bytes: int) -> None:
@@ -102,13 +103,16 @@ def cpus_per_replica(spec: EngineSetup) -> int:
 
 def build_application(spec: EngineSetup, settings: ServerConfig) -> Application:
     # Ray must not queue in front of an engine: beyond slots + --max-queue its app answers 429 itself.
+    assert settings.max_queue is not None, "serve's --max-queue is always a number"
     per_engine = spec.engine.max_slots + settings.max_queue + HEADROOM
-    engine = EngineReplica.options(max_ongoing_requests=per_engine,
-                                   graceful_shutdown_timeout_s=settings.shutdown_grace_s,
-                                   ray_actor_options={"num_cpus": cpus_per_replica(spec)},
-                                   max_constructor_retry_count=1)  # a model that fails to load fails again
+    # serve.deployment(...)(cls), not a class decorator: a type checker keeps a decorated class a class.
+    engine = serve.deployment(max_ongoing_requests=per_engine, graceful_shutdown_timeout_s=settings.shutdown_grace_s,
+                              ray_actor_options={"num_cpus": cpus_per_replica(spec)},
+                              max_constructor_retry_count=1)(EngineReplica)  # a model that fails to load fails again
     engines = [engine.options(name=f"cobali-engine-{i}").bind(spec, settings) for i in range(settings.replicas)]
-    return Gateway.options(max_ongoing_requests=settings.replicas * per_engine).bind(engines, settings.max_body_bytes)
+    gateway = serve.deployment(ray_actor_options={"num_cpus": 0},
+                               max_ongoing_requests=settings.replicas * per_engine)(Gateway)
+    return gateway.bind(engines, settings.max_body_bytes)
 
 
 def build(options: dict[str, str]) -> Application:

@@ -15,7 +15,7 @@ import numpy as np
 
 from cobali.backends.base import DecodeError
 from cobali.backends.fake import Batch, FakeBackend
-from cobali.engine.budget import CostModel
+from cobali.engine.costs import CostModel, TickTerms
 
 
 class VirtualClock:
@@ -42,7 +42,7 @@ class SimBackend(FakeBackend):
                          n_vocab=n_vocab, prefill_tile=prefill_tile)
         self.costs = costs
         self.clock = clock or VirtualClock()
-        # Text prompts: the fake makes one token per character, about 4x what a BPE vocabulary makes of
+        # Text prompts: the fake makes one token per character, several times what a BPE vocabulary makes of
         # English; grouping characters (as many per token as the profiled model's tokenizer takes) keeps
         # simulated prompt lengths realistic.
         self.chars_per_token = chars_per_token
@@ -98,7 +98,7 @@ class SimBackend(FakeBackend):
             fits = max(next_pos.values()) <= self.n_ctx_seq
         if not fits:
             raise DecodeError("no KV slot for the batch", code=1)
-        return runs, self.costs.predict_tick_s(n - decode_rows, decode_rows, kv_tokens, prefill_kv_tokens)
+        return runs, self.costs.predict(TickTerms(n - decode_rows, decode_rows, kv_tokens, prefill_kv_tokens))
 
     def _logits(self, pos: list[int], seqs: list[int], want: list[bool]) -> np.ndarray:
         """The fake's logits (a peak at a target set by the last 3 tokens and the length), vectorized."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cobali.costs import load_profile, resolve_profile
+from cobali.engine.costs import load_profile, resolve_profile
 from cobali.engine.policies import MODES
 from cobali.latency import format_summary, write_json
 from cobali.options import (

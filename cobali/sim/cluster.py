@@ -4,8 +4,9 @@ Each replica is the real Engine on a SimBackend with its own virtual clock. Repl
 except through the router, which needs every replica's state at an arrival's time, so before each
 arrival every busy replica is stepped until its clock reaches it; the order in which replicas are
 advanced does not matter. The router picks the replica with the fewest queued tokens (prompt and
-output tokens of its unfinished requests not yet computed). A Driver feeds each engine from a backlog,
-so an overloaded replica does not slow the simulation down with a long wait queue.
+output tokens of its unfinished requests not yet computed). Each engine is fed from a backlog through a
+bounded window (cobali.offline.LLM), so an overloaded replica does not slow the simulation down with a long
+wait queue.
 """
 
 from __future__ import annotations
@@ -16,20 +17,19 @@ from dataclasses import dataclass, field
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp.config import PREFILL_TILE
-from cobali.costs import DEFAULT_CHARS_PER_TOKEN
-from cobali.engine.budget import CostModel
-from cobali.engine.driver import Driver, Pending
+from cobali.engine.costs import DEFAULT_CHARS_PER_TOKEN, CostProfile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import TickRecord
 from cobali.latency import RequestTiming, request_timing, summarize_timings
+from cobali.offline import LLM, Pending
 from cobali.runner import user_cpu_seconds
 from cobali.sim.backend import SimBackend
 
 
 @dataclass(frozen=True)
 class SimSpec:
-    costs: CostModel
+    costs: CostProfile
     config: EngineConfig
     n_ctx_seq: int = 2048
     kv_unified: bool = False
@@ -62,27 +62,32 @@ class Replica:
         self.clock = self.backend.clock
         self.engine = Engine(self.backend, config, clock=self.clock, costs=spec.costs)
         self.engine.on_tick = self._on_tick
-        self.driver = Driver(self.engine)
+        self.llm = LLM(self.engine, LLM.feed_window(self.engine))
         self.finished = finished
         self.outstanding = 0  # prompt + max output tokens of everything routed here and not finished
+        self._cost: dict[int, int] = {}  # each of those's, by its index
         self.ticks = self.batch_tokens = self.wasted = self.routed = 0
 
     def queued_tokens(self) -> int:
-        return self.outstanding - sum(r.computed_tokens for r in self.engine.scheduler.running)
+        return self.outstanding - self.engine.stats().kv_used_tokens
 
     def arrive(self, index: int, item: SimItem, t: float) -> None:
         self.clock.advance_to(t)  # an idle replica's clock waits here; a busy one is already past t
         params = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
-        self.driver.push(Pending(index, item.tokens, params, arrival_time=t))
-        self.outstanding += len(item.tokens) + item.max_tokens
+        self.llm.push(Pending(index, item.tokens, params, arrival_time=t))
+        self._cost[index] = len(item.tokens) + item.max_tokens
+        self.outstanding += self._cost[index]
         self.routed += 1
 
     def run_until(self, t: float) -> None:
-        while self.driver.has_work and self.clock.now < t:
-            for index, request in self.driver.step():
-                self.outstanding -= len(request.prompt_tokens) + request.params.max_tokens
-                self.finished[index] = Finished(request_timing(request), len(request.prompt_tokens),
-                                                len(request.output_tokens), request.error is not None)
+        while self.llm.has_work and self.clock.now < t:
+            for index, output in self.llm.step():
+                assert isinstance(index, int)
+                self.outstanding -= self._cost.pop(index)
+                stats = output.stats
+                assert stats is not None
+                self.finished[index] = Finished(request_timing(stats), stats.n_prompt_tokens, stats.n_output_tokens,
+                                                output.error is not None)
 
     def _on_tick(self, record: TickRecord) -> None:
         self.ticks += 1
@@ -160,8 +165,8 @@ class StopRule:
 
     def _count(self, finished: list[Finished | None]) -> int:
         # Requests finish roughly in arrival order; rescanning from the first unseen index keeps this cheap.
-        while self._seen < len(finished) and finished[self._seen] is not None:
-            ttft = finished[self._seen].timing.ttft_ms  # type: ignore[union-attr]
+        while self._seen < len(finished) and (request := finished[self._seen]) is not None:
+            ttft = request.timing.ttft_ms
             self.late += ttft is None or ttft > self.ttft_s * 1e3
             self._seen += 1
         return self.late

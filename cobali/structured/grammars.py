@@ -7,15 +7,18 @@ limits. What is checked here is what the builders themselves would otherwise tri
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher
 from llguidance.gbnf_to_lark import any_to_lark
 
+if TYPE_CHECKING:  # a TypedDict of llguidance's stub only: the compiled module does not export it
+    from llguidance._lib import JsonCompileOptions
+
 # JSON as a model should write it: one space after ':' and ',', no free whitespace. Free whitespace lets a small
 # model write newlines until max_tokens runs out, with every token allowed.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
-                                "lenient": False}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+                                    "lenient": False}
 MAX_CHOICES = 256  # alternatives of a choice
 
 
@@ -108,22 +111,8 @@ def gbnf_grammar(text: str, name: str) -> str:
         raise ValueError(f"{name} is not a valid GBNF or Lark grammar: {err}") from None
 
 
-# A forced call is written the Hermes way; the parser also reads the other formats a model may use unforced.
+# A forced tool call's grammar is its model's format's (cobali.frontend.parsers.tools): at most this many calls.
 MAX_PARALLEL_CALLS = 8
-
-
-def tool_call_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
-    """One `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (up to MAX_PARALLEL_CALLS with `parallel`)
-    naming one of `functions` (name, parameters schema), its arguments following the schema."""
-    calls, rules = [], []
-    for i, (name, parameters) in enumerate(functions):
-        schema = prepared(parameters) if parameters is not None else {"type": "object"}
-        head = _lark_literal(f'{{"name": {json.dumps(name)}, "arguments": ')
-        calls.append(f"{head} args{i} \"}}\"")
-        rules.append(f"args{i}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")  # ours win
-    call = f'"<tool_call>\\n" ({" | ".join(calls)}) "\\n</tool_call>"'
-    repeat = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
-    return LLMatcher.grammar_from_lark("\n".join([f"start: call{repeat}", f"call: {call}", *rules]))
 
 
 def _lark_literal(text: str) -> str:

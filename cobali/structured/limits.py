@@ -12,7 +12,7 @@ class GrammarLimits:
     max_bytes: int = 256 * 1024  # a schema's, regex's, grammar's or choice list's text, as sent
     max_gbnf_rules: int = 512  # rules of a GBNF grammar: llguidance's converter (Python) is quadratic in them
     max_grammar_size: int = 500_000  # llguidance: symbols in the grammar's productions
-    max_lexer_states: int = 250_000  # llguidance: lexer states built (memory: ~1-2 kB each)
+    max_lexer_states: int = 250_000  # llguidance: lexer states built (memory: 1-2 kB each, its docs say)
     initial_lexer_fuel: int = 1_000_000  # llguidance: work building the lexer's regexes
     step_lexer_fuel: int = 200_000  # llguidance: lexer work to compute one token's mask
     step_max_items: int = 50_000  # llguidance: Earley items in one token's mask

@@ -10,9 +10,11 @@ import pytest
 from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
+from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.speculative import SpecConfig
+from cobali.offline import LLM
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,", "def fibonacci(n):"]
 
@@ -75,11 +77,12 @@ def test_engine_mixes_picked_and_host_rows(backend) -> None:
         engine = Engine(backend, EngineConfig(max_slots=4, n_batch=256))
         greedy = [engine.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in PROMPTS[:3]]
         with_logprobs = engine.add_request(PROMPTS[3], SamplingParams(max_tokens=8, ignore_eos=True, logprobs=1))
-        engine.run_until_done()
+        list(LLM(engine).run())
     finally:
         del backend.argmax, backend.decode
     assert all(len(r.output_tokens) == 8 and r.error is None for r in [*greedy, with_logprobs])
-    assert sum(checked) >= 3 * 6, f"too few picked rows checked against the host: {checked}"
+    # Prompts are admitted over the first ticks: the three greedy requests then decode beside the host row.
+    assert checked.count(3) >= 4, f"too few decodes checked with every greedy row picked: {checked}"
     for token, logprob in zip(with_logprobs.output_tokens, with_logprobs.logprobs, strict=True):
         assert logprob.token == token and logprob.top[0][0] == token  # greedy: its own logits' argmax
 
@@ -99,8 +102,33 @@ def test_guessed_rows_are_picked_in_the_graph(model_path: str) -> None:
     backend.argmax = counting_argmax
     try:
         engine = Engine(backend, EngineConfig(max_slots=1, n_batch=64, spec=SpecConfig(3)))
-        (request,) = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=24, ignore_eos=True))
+        (request,) = LLM(engine).generate([PROMPTS[2]], SamplingParams(max_tokens=24, ignore_eos=True))
     finally:
         backend.close()
-    assert request.error is None and len(request.output_tokens) == 24
-    assert engine.n_accepted_tokens > 0 and max(picked) > 1
+    assert request.error is None and len(request.token_ids) == 24
+    assert engine.stats().accepted_draft_tokens > 0 and max(picked) > 1
+
+
+@pytest.mark.parametrize("token_only", [True, False], ids=["token-only chain", "llama.cpp's greedy alone"])
+def test_picked_rows_copy_logits_only_with_the_greedy_sampler_alone(model_path: str, token_only: bool) -> None:
+    """Four sequences decoding together, three picked in the graph: with the token-only chain llama.cpp copies
+    none of their logits into its sampling buffer (a decode of picked rows only, none to the host's logits
+    either); llama.cpp's greedy sampler alone copies every picked row's. In the decode that shares its
+    micro-batch with a host row, every picked token is the host's argmax of that row's logits."""
+    backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=4, n_batch=64, n_threads=1,
+                                             backend_sampling=True, count_decodes=True))
+    backend.device_greedy = DeviceGreedy(backend.ctx, 4, token_only=token_only)
+    try:
+        seqs, positions = np.arange(4, dtype=np.int32), np.zeros(4, dtype=np.int32)
+        tokens = np.array([backend.tokenize(p)[0] for p in PROMPTS], dtype=np.int32)
+        for step, wants in enumerate([[WANT_ARGMAX] * 4, [WANT_ARGMAX] * 3 + [WANT_LOGITS]]):
+            logits = backend.decode(tokens, positions + step, seqs, np.array(wants, dtype=np.int8))
+            picked = backend.device_greedy.picked_out_rows
+            counts = backend.decode_counts[-1]
+            assert len(picked) == wants.count(WANT_ARGMAX) and counts.passes == 1
+            assert counts.sampled_logits_rows == (0 if token_only else len(picked))
+            assert counts.raw_logits_rows == (0 if step == 0 else 4)
+            tokens = backend.argmax(logits).astype(np.int32)
+        np.testing.assert_array_equal(tokens[picked], logits[picked].argmax(axis=1))
+    finally:
+        backend.close()

@@ -15,6 +15,7 @@ from cobali.engine.plan import MoveSlot
 from cobali.engine.request import FinishReason
 from cobali.engine.speculative import SpecConfig
 from cobali.harness.fidelity import Trace, compare_runs, greedy_traces
+from cobali.offline import LLM
 from cobali.workloads import WorkItem
 
 PROMPTS = [
@@ -47,9 +48,9 @@ def seq_traces(backend) -> list[Trace]:
 
 
 def test_seq_answers_sensibly(backend) -> None:
-    (r,) = Engine(backend, EngineConfig(mode="seq", max_slots=4, n_batch=256)).generate(
+    (r,) = LLM(Engine(backend, EngineConfig(mode="seq", max_slots=4, n_batch=256))).generate(
         PROMPTS[:1], SamplingParams(max_tokens=16, ignore_eos=True))
-    assert r.finish_reason is FinishReason.LENGTH and len(r.output_tokens) == 16
+    assert r.finish_reason is FinishReason.LENGTH and len(r.token_ids) == 16
     assert "Paris" in r.text
 
 
@@ -58,7 +59,7 @@ def test_speculation_matches_seq_up_to_near_ties(backend, seq_traces) -> None:
     numbers differ slightly from one row at a time; the kept tokens must still be greedy up to near-ties."""
     engine = Engine(backend, EngineConfig(mode="seq", max_slots=4, n_batch=256, spec=SpecConfig(3)))
     report = compare_runs(seq_traces, greedy_traces(engine, [WorkItem(p) for p in PROMPTS], 16))
-    assert engine.n_accepted_tokens > 0  # the counting prompt repeats itself
+    assert engine.stats().accepted_draft_tokens > 0  # the counting prompt repeats itself
     assert report.passed and report.mostly_common, report.describe()
 
 
@@ -141,15 +142,15 @@ def test_sampling_chain_with_seed_is_reproducible(backend) -> None:
     params = SamplingParams(max_tokens=12, temperature=0.9, top_k=40, top_p=0.95, min_p=0.05,
                             repetition_penalty=1.1, seed=3, ignore_eos=True)
     engine = Engine(backend, EngineConfig(max_slots=4, n_batch=256))
-    a, b = engine.generate([PROMPTS[1], PROMPTS[1]], params)
-    assert a.output_tokens == b.output_tokens and len(a.output_tokens) == 12
+    a, b = LLM(engine).generate([PROMPTS[1], PROMPTS[1]], params)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 12
 
 
 def test_chat_template_and_stop_string(backend) -> None:
     prompt = backend.apply_chat_template([{"role": "user", "content": "What is 2+2? Answer briefly."}])
     assert prompt.startswith("<|im_start|>")
     engine = Engine(backend, EngineConfig(max_slots=4, n_batch=256))
-    (r,) = engine.generate([prompt], SamplingParams(max_tokens=40, stop=("4",)))
+    (r,) = LLM(engine).generate([prompt], SamplingParams(max_tokens=40, stop=("4",)))
     assert r.finish_reason is FinishReason.STOP and "4" not in r.text
 
 

@@ -1,11 +1,12 @@
-"""The fuzzed JSON schemas, regular expressions, GBNF grammars and choice lists of tests/unit/structured/test_grammar_fuzz.py,
-compiled for the embedded model's vocabulary (several bytes a token, special tokens, several end tokens): each is
-a grammar whose masks run for a few tokens, or a ValueError, within a few seconds. Derandomized and bounded.
+"""The fuzzed JSON schemas, regular expressions, GBNF grammars and choice lists of
+tests/unit/structured/test_grammar_fuzz.py, compiled for the embedded model's vocabulary (several bytes a token,
+special tokens, several end tokens): each is a grammar whose masks run for a few tokens, or a ValueError, within a
+few seconds. Derandomized and bounded.
 
 This vocabulary has no token for some bytes (0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xF1, 0xF2), and llama.cpp's
 tokenizer drops them (U+40000 to U+BFFFF come out as their other bytes): llguidance, which tokenizes the bytes a
-grammar forces with it, then allows a token that writes something else, and the guide fails the request when it
-is sampled (its own 400). Inputs holding a character the vocabulary cannot write are left out."""
+grammar forces with it, then allows a token that writes something else, and the guide fails the request when it is
+sampled (its own 400). Inputs holding a character the vocabulary cannot write are left out."""
 
 from __future__ import annotations
 
@@ -16,11 +17,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
+from cobali.frontend.parsers.tools.tagged import Hermes
 from cobali.http.protocol.structured import check_json_schema, schema_grammar
 from cobali.structured.compiler import GrammarCompiler
-from cobali.structured.grammars import choice_grammar, gbnf_grammar, regex_grammar, tool_call_grammar
+from cobali.structured.grammars import choice_grammar, gbnf_grammar, regex_grammar
 from tests.structured_oracle import Oracle, real_oracle
-from tests.unit.structured.test_grammar_fuzz import choices, documents, grammar_or_refusal, grammar_texts, hostile, regexes
+from tests.unit.structured.test_grammar_fuzz import (
+    choices,
+    documents,
+    grammar_or_refusal,
+    grammar_texts,
+    hostile,
+    regexes,
+)
 
 FUZZ = settings(max_examples=int(os.environ.get("COBALI_GRAMMAR_FUZZ_EXAMPLES", "60")), deadline=None,
                 derandomize=True, database=None, suppress_health_check=list(HealthCheck))
@@ -64,8 +73,8 @@ def test_fuzzed_schemas_compile_or_are_refused(fresh, writable) -> None:
         assume(writable(schema))
         grammar_or_refusal(fresh(), lambda s: schema_grammar(s, "json_schema"), schema)
         if isinstance(schema, dict):
-            grammar_or_refusal(fresh(), lambda s: (check_json_schema(s), tool_call_grammar([("f", s)], True))[1],
-                               schema)
+            grammar_or_refusal(fresh(), lambda s: (check_json_schema(s),
+                                                   Hermes().forced_call_grammar([("f", s)], True))[1], schema)
 
     compiles()
 

@@ -27,6 +27,7 @@ from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import FinishReason, Request
 from cobali.engine.sampling import RowSampler
+from cobali.offline import LLM
 from cobali.structured.compiler import GrammarCompiler
 from cobali.structured.grammars import choice_grammar
 from cobali.structured.guide import Guide
@@ -173,7 +174,7 @@ def test_a_grammar_that_allows_no_token_fails_its_request_only(model_path: str, 
     try:
         engine = Engine(backend, EngineConfig(mode="cont", max_slots=4, n_batch=128))
         requests = run_beside_each_other(engine, params)
-        assert not engine.sampler.guide._matchers
+        assert not engine.executor.sampler.guide._matchers
     finally:
         backend.close()
     nothing, dead_end, beside, after = requests
@@ -191,11 +192,11 @@ def run_beside_each_other(engine: Engine, params: dict) -> list[Request]:
     its text has 13 characters, so at most 13 tokens."""
     grammars = [LLMatcher.grammar_from_lark(NOTHING), LLMatcher.grammar_from_lark(DEAD_END), ANIMALS]
     prompts = ["Say something.", "Say something.", "Name an animal."]
-    requests = [engine.submit(prompt, SamplingParams(max_tokens=16, grammar=grammar, **params))
+    requests = [engine.add_request(prompt, SamplingParams(max_tokens=16, grammar=grammar, **params))
                 for prompt, grammar in zip(prompts, grammars, strict=True)]
-    engine.run_until_done()
-    requests.append(engine.submit("Name an animal.", SamplingParams(max_tokens=16, grammar=ANIMALS, **params)))
-    engine.run_until_done()
+    list(LLM(engine).run())
+    requests.append(engine.add_request("Name an animal.", SamplingParams(max_tokens=16, grammar=ANIMALS, **params)))
+    list(LLM(engine).run())
     return requests
 
 

@@ -16,6 +16,7 @@ from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.harness.fidelity import TOP_LOGPROBS, Trace, compare_runs
+from cobali.offline import LLM
 from cobali.synth_lora import write_random_lora
 from tests.integration.test_server_openai import running_server
 
@@ -41,7 +42,7 @@ def traces(backend: LlamaCppBackend, mode: str, jobs: list[tuple[str, int]]) -> 
     engine = Engine(backend, EngineConfig(mode=mode, max_slots=4, n_batch=256))
     params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=TOP_LOGPROBS)
     requests = [engine.add_request(prompt, params, lora=lora) for prompt, lora in jobs]
-    engine.run_until_done()
+    list(LLM(engine).run())
     return [Trace(tuple(r.output_tokens), tuple(lp.top[0][1] - lp.top[1][1] for lp in r.logprobs)) for r in requests]
 
 

@@ -20,12 +20,13 @@ from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import FinishReason
+from cobali.frontend.parsers.tools.tagged import Hermes
+from cobali.offline import LLM
 from cobali.structured.grammars import (
     choice_grammar,
     gbnf_grammar,
     json_schema_grammar,
     regex_grammar,
-    tool_call_grammar,
 )
 from tests.structured_oracle import Oracle, real_oracle
 from tests.unit.structured.test_structured_constraints import (
@@ -100,7 +101,7 @@ def test_choices_gbnf_and_tool_calls_hold_on_this_vocabulary(oracle: Oracle) -> 
     assert_holds(oracle, gbnf_grammar('root ::= "a" [0-9]+ ( "," [0-9]{1,2} )*', "grammar"), ["a1", "a12,3,45"],
                  ["a", "a1,", "a1,123"])
     weather = call("get_weather", '{"city": "Oslo"}')
-    assert_holds(oracle, tool_call_grammar([("get_weather", WEATHER), ("noop", None)], parallel=False),
+    assert_holds(oracle, Hermes().forced_call_grammar([("get_weather", WEATHER), ("noop", None)], parallel=False),
                  [weather, call("noop", "{}")],
                  [call("other", "{}"), call("get_weather", "{}"), f"{weather}\n{weather}"])
 
@@ -146,7 +147,7 @@ SAMPLED = [  # (prompt, grammar, whether a text holds it)
     ("Name a pet:", regex_grammar(PETS), lambda text: re.fullmatch(PETS, text) is not None),
     ("Is this review positive? 'Great film!'", choice_grammar(ANSWERS, "choice"), lambda text: text in ANSWERS),
     ("A film as JSON.", gbnf_grammar(FILM_GBNF, "grammar"), film),
-    ("What's the weather in Oslo?", tool_call_grammar([("get_weather", WEATHER)], parallel=False),
+    ("What's the weather in Oslo?", Hermes().forced_call_grammar([("get_weather", WEATHER)], parallel=False),
      lambda text: re.fullmatch(r'<tool_call>\n\{"name": "get_weather", "arguments": (.*)\}\n</tool_call>', text,
                                re.S) is not None
      and valid(WEATHER, json.loads(text.split('"arguments": ', 1)[1].rsplit("}", 1)[0]))),
@@ -162,10 +163,10 @@ def test_the_model_samples_only_what_the_grammar_holds(model_path: str) -> None:
     backend = LlamaCppBackend(LlamaCppConfig(model_path, n_seq_max=len(jobs), n_batch=256))
     try:
         engine = Engine(backend, EngineConfig(mode="cont", max_slots=len(jobs), n_batch=256))
-        results = [engine.submit(prompt, SamplingParams(max_tokens=120, grammar=grammar, **sampling))
+        results = [engine.add_request(prompt, SamplingParams(max_tokens=120, grammar=grammar, **sampling))
                    for prompt, grammar, _, sampling in jobs]
-        engine.run_until_done()
-        assert not engine.sampler.guide._matchers
+        list(LLM(engine).run())
+        assert not engine.executor.sampler.guide._matchers
     finally:
         backend.close()
     for (prompt, _, holds, _), result in zip(jobs, results, strict=True):

@@ -42,7 +42,7 @@ def test_a_text_that_cannot_fit_the_context_is_refused_untokenized(backend: Llam
     tokenize = backend.tokenize
     monkeypatch.setattr(backend, "tokenize", lambda text, *a: read.append(len(text)) or tokenize(text, *a))
     with pytest.raises(ValueError, match="the context holds"):
-        engine.tokenize_prompt(too_long)
+        engine.tokenizer.prompt_tokens(too_long)
     assert read == []  # refused unread: tokenized, a text this long costs seconds
-    kept = engine.tokenize_prompt(too_long, keep=8)  # truncate_prompt_tokens: only its end is read
+    kept = engine.tokenizer.prompt_tokens(too_long, keep=8)  # truncate_prompt_tokens: only its end is read
     assert len(kept) == 8 and read == [9 * backend.info.max_token_bytes]

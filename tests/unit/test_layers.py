@@ -15,15 +15,23 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ray",),  # scale-out of the serve and batch faces
     ("run", "calibrate", "harness", "http", "batch", "sim", "synth", "synth_lora"),  # the faces
     ("options",),  # flags shared by the faces, and the typed configs built from them
-    ("config", "runner"),  # building one engine from its configs; running a workload through it
+    # the package's own names (the engine, its configs, the offline API, its outputs); one workload run through
+    # an engine, with metrics
+    ("__init__", "runner"),
+    ("config", "offline"),  # building one engine from its configs; driving it on the caller's thread
     ("frontend",),  # what the faces hand the engine and get back: inputs, templates, the client, streams
     # values and files the faces share: timings, work items, cost profiles, resumable JSONL outputs
-    ("latency", "workloads", "costs", "jsonl", "__init__"),
+    ("latency", "workloads", "jsonl"),
     ("engine",),
     ("structured",),  # constraints on llguidance: grammars, their compiler, the masks sampling applies
     ("backends",),
 )
 RANK = {part: len(LAYERS) - i for i, layer in enumerate(LAYERS) for part in layer}
+
+# The HTTP layer sees the engine only through the frontend (cobali/frontend/interface.py re-exports the engine's
+# values it needs): never the engine's modules or a backend. Besides itself and the frontend it may import
+# structured outputs' grammar types and limits, and the top-level modules the faces share.
+HTTP_MAY_IMPORT = frozenset({"http", "frontend", "structured", "config", "options", "settings", "jsonl", "latency"})
 
 
 def module_name(path: Path) -> str:
@@ -104,6 +112,15 @@ def test_no_upward_or_sideways_import() -> None:
     assert upward_imports(import_graph()) == []
 
 
+def http_imports_below_the_frontend(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{source} -> {target}" for source, targets in graph.items() if part_of(source) == "http"
+                  for target in targets if part_of(target) not in HTTP_MAY_IMPORT)
+
+
+def test_the_http_layer_imports_only_the_frontend() -> None:
+    assert http_imports_below_the_frontend(import_graph()) == []
+
+
 def test_no_import_circle() -> None:
     assert circles(import_graph()) == []
 
@@ -129,4 +146,6 @@ def test_the_checks_see_a_planted_upward_import_and_circle(tmp_path: Path) -> No
     graph["cobali.engine.kv"] = graph["cobali.engine.kv"] | {"cobali.http.config"}
     graph["cobali.engine.plan"] = graph["cobali.engine.plan"] | {"cobali.engine.kv_tier"}
     assert upward_imports(graph) == ["cobali.engine.kv -> cobali.http.config"]
+    graph["cobali.http.routes.chat"] = graph["cobali.http.routes.chat"] | {"cobali.engine.engine"}
+    assert "cobali.http.routes.chat -> cobali.engine.engine" in http_imports_below_the_frontend(graph)
     assert ["cobali.engine.kv_tier", "cobali.engine.plan"] in circles(graph)

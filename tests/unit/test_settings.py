@@ -14,10 +14,9 @@ from fastapi.testclient import TestClient
 
 from cobali import cli, settings
 from cobali.http import serve as serve_module
-from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
 from cobali.http.flags import server_config
-from tests.unit.http.test_server_api import fake_engine, wait_healthy
+from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 
 @pytest.fixture(autouse=True)
@@ -192,7 +191,7 @@ def test_an_api_key_file_without_keys_is_named(text: str | bytes | None, fragmen
 
 
 def test_any_of_several_keys_is_accepted() -> None:
-    with TestClient(create_app(fake_engine(), "m", api_keys=("alpha", "beta"))) as client:
+    with TestClient(fake_app(fake_engine(), "m", api_keys=("alpha", "beta"))) as client:
         wait_healthy(client)
         for key, status in (("alpha", 200), ("beta", 200), ("gamma", 401), ("alph", 401), ("", 401)):
             assert client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == status, key
@@ -211,7 +210,7 @@ def preflight(client: TestClient, origin: str) -> httpx.Response:
 
 
 def test_a_cors_preflight_lets_in_an_allowed_origin_only() -> None:
-    with TestClient(create_app(fake_engine(), "m", api_keys=("k",), allowed_origins=(ALLOWED,))) as client:
+    with TestClient(fake_app(fake_engine(), "m", api_keys=("k",), allowed_origins=(ALLOWED,))) as client:
         wait_healthy(client)
         allowed = preflight(client, ALLOWED)
         assert allowed.status_code == 200, "the preflight carries no key, and needs none"
@@ -225,7 +224,7 @@ def test_a_cors_preflight_lets_in_an_allowed_origin_only() -> None:
 
 
 def test_without_allowed_origins_no_cors_header_is_sent() -> None:
-    with TestClient(create_app(fake_engine(), "m")) as client:
+    with TestClient(fake_app(fake_engine(), "m")) as client:
         wait_healthy(client)
         for response in (preflight(client, ALLOWED), client.get("/v1/models", headers={"Origin": ALLOWED})):
             assert not any(name.startswith("access-control-") for name in response.headers), response.headers
@@ -247,7 +246,7 @@ def test_the_flags_reach_the_app_that_serve_builds() -> None:
 
 def served_log(settings_: ServerConfig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> str:
     """What `serve` logs before it binds: uvicorn is not run, the app is a fake one."""
-    monkeypatch.setattr(serve_module, "build_app", lambda _spec, _server: create_app(fake_engine(), "m"))
+    monkeypatch.setattr(serve_module, "build_app", lambda _spec, _server: fake_app(fake_engine(), "m"))
     monkeypatch.setattr(serve_module.DrainingServer, "run", lambda _self: None)
     monkeypatch.setattr(serve_module.signal, "signal", lambda *_args: None)
     caplog.clear()

@@ -49,6 +49,7 @@ def test_impossible_head_splits_are_rejected() -> None:
     (["synth-model", "--like", "gpt-5", "--out", "x.gguf"], "invalid choice: 'gpt-5'"),
     (["synth-model", "--like", "tiny", "--quant", "Q9_X", "--out", "x.gguf"], "invalid choice: 'Q9_X'"),
     (["synth-model", "--like", "tiny", "--n-vocab", "1000", "--out", "x.gguf"], "smaller than the embedded"),
+    (["synth-model", "--like", "tiny", "--vocab-size", "1000", "--out", "x.gguf"], "smaller than the embedded"),
     (["synth-model", "--like", "tiny", "--n-head", "3", "--out", "x.gguf"], "must split into 3 heads"),
     (["synth-model", "--like", "tiny", "--head-dim", "0", "--out", "x.gguf"],
      "--head-dim: expected a positive integer, got 0"),

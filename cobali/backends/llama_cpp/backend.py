@@ -18,6 +18,7 @@ from cobali.backends.base import BackendInfo, BatchArrays, EmbeddingLimits, Samp
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
 from cobali.backends.llama_cpp.config import PREFILL_TILE, LlamaCppConfig
+from cobali.backends.llama_cpp.counters import DecodeCounter, DecodeCounts
 from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
 from cobali.backends.llama_cpp.devices import build_kind
 from cobali.backends.llama_cpp.embedder import EMBEDDING_CTX, EMBEDDING_SEQS, Embedder
@@ -40,9 +41,10 @@ class LlamaCppBackend:
         self.options = options
         self.model = load_model(model_path, options)
         self.vocab = ll.llama_model_get_vocab(self.model)
+        self.counter = DecodeCounter(options.n_seq_max) if options.count_decodes else None
         try:
             plan = plan_kv(self.model, options)
-            self.ctx = new_context(self.model, options, plan)
+            self.ctx = new_context(self.model, options, plan, self.counter.eval_callback if self.counter else None)
         except ValueError:
             ll.llama_model_free(self.model)
             raise
@@ -72,6 +74,7 @@ class LlamaCppBackend:
         self._batch = OwnedBatch(self.info.n_batch)
         self.device_greedy = DeviceGreedy(self.ctx, self.info.n_seq_max) if options.backend_sampling else None
         self._pieces: dict[int, bytes] = {}
+        self._special_pieces: dict[int, bytes] = {}
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
         self._last_logits = np.zeros((0, n_vocab), dtype=np.float32)  # the last decode's output rows
         self._embedder: Embedder | None = None
@@ -99,16 +102,36 @@ class LlamaCppBackend:
         if self.device_greedy is not None:
             rows = self._batch.arrays
             self.device_greedy.prepare(rows.seq_ids[:n], rows.want_logits[:n])
-        decode_batch(self.ctx, self._batch)
         n_out = int(np.count_nonzero(want_logits[:n]))
+        if self.counter is None:
+            decode_batch(self.ctx, self._batch)
+        else:
+            self._counted_decode(self.counter, n_out)
         if n_out == 0:
             return np.zeros((0, self.info.n_vocab), dtype=np.float32)
         self._last_logits = self._logits_view(n_out)
         return self._last_logits
 
+    def _counted_decode(self, counter: DecodeCounter, n_out: int) -> None:
+        counter.before_decode(self.ctx, n_out)
+        decode_batch(self.ctx, self._batch)
+        picked = self.device_greedy.picked_rows if self.device_greedy is not None else []
+        counter.after_decode(self.ctx, n_out, picked)
+
+    def graphs_reused(self) -> int:
+        """Forward passes since the model loaded that ran the previous pass's graph again (llama.cpp's
+        n_reused): the rest were built anew."""
+        return ll.llama_perf_context(self.ctx).n_reused
+
+    @property
+    def decode_counts(self) -> list[DecodeCounts] | None:
+        """What llama.cpp did in each decode since the model loaded, with count_decodes (else None)."""
+        return self.counter.decodes if self.counter is not None else None
+
     def _logits_view(self, n_out: int) -> np.ndarray:
         """The output rows llama_get_logits points at (in batch order), viewed without copying. A view is made
-        once per buffer address and row count: making one costs ~2 us, a tenth of a one-row tick's host work."""
+        once per buffer address and row count: making one every tick showed in a one-row tick's host work
+        (docs/results.md, "Serving")."""
         pointer = ll.llama_get_logits(self.ctx)
         key = (ctypes.addressof(pointer.contents), n_out)
         view = self._logits_views.get(key)
@@ -183,13 +206,22 @@ class LlamaCppBackend:
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            piece = self._pieces[token] = buf.raw[:n]
+            piece = self._pieces[token] = self._piece(token, special=False)
         return piece
+
+    def special_token_bytes(self, token: int) -> bytes:
+        piece = self._special_pieces.get(token)
+        if piece is None:
+            piece = self._special_pieces[token] = self._piece(token, special=True)
+        return piece
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         template = ll.llama_model_chat_template(self.model, None)
@@ -221,9 +253,7 @@ class LlamaCppBackend:
     def _special_text(self, token: int) -> str:
         if token < 0:  # LLAMA_TOKEN_NULL: the model has no such token
             return ""
-        buf = ctypes.create_string_buffer(256)
-        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
-        return buf.raw[:max(n, 0)].decode("utf-8", errors="replace")
+        return self.special_token_bytes(token).decode("utf-8", errors="replace")
 
     # ---- embeddings -------------------------------------------------------------------------------
 
@@ -268,6 +298,6 @@ class LlamaCppBackend:
 
 def _mapped_buffer(size: int) -> np.ndarray:
     """Host memory with its pages mapped up front (MAP_POPULATE): a save then writes at memory speed instead of
-    faulting a page at a time (13.8 MB on this VM: 5-7 ms, against 25-35 ms into fresh np.empty memory)."""
+    faulting a page at a time, several times slower (docs/results.md, "KV management")."""
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return np.frombuffer(mmap.mmap(-1, max(size, 1), flags=flags), dtype=np.uint8, count=size)

@@ -34,13 +34,14 @@ class OwnedBatch:
         self.seq_ptrs = (ctypes.POINTER(ll.llama_seq_id) * capacity)(
             *(ctypes.cast(seq_base + 4 * i, ctypes.POINTER(ll.llama_seq_id)) for i in range(capacity))
         )
+        # llama_cpp annotates llama_batch's pointer fields as arrays (pos as an array of arrays): its typing is wrong.
         self.struct = ll.llama_batch()
-        self.struct.token = a.tokens.ctypes.data_as(ctypes.POINTER(ll.llama_token))
-        self.struct.embd = ctypes.POINTER(ctypes.c_float)()
-        self.struct.pos = a.positions.ctypes.data_as(ctypes.POINTER(ll.llama_pos))
-        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self.struct.seq_id = self.seq_ptrs
-        self.struct.logits = a.want_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.struct.token = a.tokens.ctypes.data_as(ctypes.POINTER(ll.llama_token))  # type: ignore[assignment]
+        self.struct.embd = ctypes.POINTER(ctypes.c_float)()  # type: ignore[assignment]
+        self.struct.pos = a.positions.ctypes.data_as(ctypes.POINTER(ll.llama_pos))  # type: ignore[assignment]
+        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))  # type: ignore[assignment]
+        self.struct.seq_id = self.seq_ptrs  # type: ignore[assignment]
+        self.struct.logits = a.want_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))  # type: ignore[assignment]
 
     def fill(self, tokens, positions, seq_ids, want_logits) -> int:
         """Point the batch at its first n rows, copying only inputs that are not already views of them."""

@@ -17,8 +17,9 @@ KV_CACHE_TYPES: dict[str, tuple[int, int]] = {
 FLASH_ATTN_MODES = ("auto", "on", "off")
 
 # llama.cpp's CPU flash attention takes its tiled path only for 64 or more query rows of one sequence;
-# fewer go row by row, 2-3x slower at position 500 (measured here). With per-sequence KV streams the batch
-# split also puts one token of every sequence into the decode rows' micro-batch, so a chunk needs 65.
+# fewer go row by row, far slower (docs/results.md, "Prefill chunks of ≥ 65 tokens"). With per-sequence KV
+# streams the batch split also puts one token of every sequence into the decode rows' micro-batch, so a chunk
+# needs 65.
 PREFILL_TILE = 65
 
 
@@ -32,12 +33,12 @@ class LlamaCppConfig:
     kv_unified: bool = False
     n_gpu_layers: int = -1  # -1 = all layers when the build can offload, else 0
     # Extra CPU buffer types (AMX, weight repacking) are off: the AMX matmul segfaults on this machine's
-    # CPUs (seen with llama-cpp-python 0.3.36), and with them off prefill still reaches ~300 tok/s.
+    # CPUs (seen with llama-cpp-python 0.3.36), and with them off prefill keeps the speed of the bundled profile.
     use_extra_bufts: bool = False
     # Greedy rows that need only their token get it from an argmax node in llama.cpp's graph (its experimental
     # backend sampling): no logits copied out for them, no host pass over them. Off by default: experimental
     # upstream, and llama.cpp's output buffer then holds 3 more n_vocab-wide rows beside each logits row, sized
-    # by the most outputs one decode had so far (~38 MB more for SmolLM2 at 64 decode rows).
+    # by the most outputs one decode had so far (what that costs: docs/results.md, "Host path").
     backend_sampling: bool = False
     # Output rows one sequence may have in a decode: 1 + the engine's guessed tokens (speculative decoding).
     # llama.cpp's backend sampling refuses a decode with more (its default is 1).
@@ -47,6 +48,9 @@ class LlamaCppConfig:
     cache_type_k: str = "f16"  # KV cache types (KV_CACHE_TYPES); quantized ones trade a little fidelity for memory
     cache_type_v: str = "f16"
     flash_attn: str = "auto"  # auto: llama.cpp decides per device, and turns it on for a quantized V cache
+    # Count what llama.cpp does in each decode with its own hooks (counters.py): passes, graph reuses, logits
+    # rows copied. For tests and benchmarks: the hooks add host work to every decode.
+    count_decodes: bool = False
     # Size the context to the memory there is: the cells --ctx asks for (or, without it, the model's training
     # context for every slot), cut down to what free memory holds beside the weights (cobali/backends/memory.py).
     fit: bool = False

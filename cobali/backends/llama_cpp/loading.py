@@ -77,9 +77,8 @@ def load_failure(path: str, lines: list[tuple[int, str]]) -> str:
         why = f"its architecture {arch!r} is unknown to {version}: a newer llama-cpp-python may know it"
     else:
         size, available = os.path.getsize(path), host_available()
-        short = available is not None and size > available
-        why = (f"its weights take {fmt_bytes(size)} and {fmt_bytes(available)} of memory is available" if short
-               else f"architecture {arch!r}, {fmt_bytes(size)}")
+        why = (f"its weights take {fmt_bytes(size)} and {fmt_bytes(available)} of memory is available"
+               if available is not None and size > available else f"architecture {arch!r}, {fmt_bytes(size)}")
     return f"could not load a GGUF model from {path}: {why}" + (f" (llama.cpp: {said})" if said else "")
 
 
@@ -137,7 +136,8 @@ def _cpu_memory() -> int | None:
     return next((d.free for d in devices() if d.is_cpu), None)
 
 
-def new_context(model, options: LlamaCppConfig, plan: KvPlan):
+def new_context(model, options: LlamaCppConfig, plan: KvPlan, eval_callback=None):
+    """The context; `eval_callback` (a ggml_backend_sched_eval_callback) sees every graph node computed."""
     if plan.free is not None and plan.kv_bytes > plan.free:
         # llama.cpp clears the whole cache when it makes it: past the memory there is, the process is killed.
         raise ValueError(f"the KV cache does not fit: {plan.describe(options)}; {KV_FIXES}")
@@ -152,6 +152,8 @@ def new_context(model, options: LlamaCppConfig, plan: KvPlan):
     params.type_k, params.type_v = ggml_type(options.cache_type_k), ggml_type(options.cache_type_v)
     params.flash_attn_type = FLASH_ATTN_TYPES[options.flash_attn]
     params.no_perf = True
+    if eval_callback is not None:
+        params.cb_eval = eval_callback
     logs = llama_logs(options.verbose)
     mark = logs.count
     ctx = ll.llama_init_from_model(model, params)

@@ -20,7 +20,8 @@ class LlamaCppSampler:
     def _fill_chain(self, params: SamplingParams, n_vocab: int) -> None:
         add = lambda s: ll.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if params.logit_bias:
-            biases = (ll.llama_logit_bias * len(params.logit_bias))(*params.logit_bias)
+            biases = (ll.llama_logit_bias * len(params.logit_bias))(
+                *(ll.llama_logit_bias(token, bias) for token, bias in params.logit_bias))
             add(ll.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), biases))
         if (params.repetition_penalty, params.frequency_penalty, params.presence_penalty) != (1.0, 0.0, 0.0):
             add(ll.llama_sampler_init_penalties(n_vocab, 64, params.repetition_penalty,

@@ -1,8 +1,9 @@
 """Tokenizing long texts in linear time.
 
 llama.cpp first splits a text at every special token it holds (parse_special), then tokenizes the pieces apart;
-its splitting costs time quadratic in the text once it holds many special tokens (a chat of 100k messages,
-3 MB: minutes). The pieces are independent, so a long text is cut right after special tokens into chunks of a
+its splitting costs time quadratic in the text once it holds many special tokens (a long chat: minutes, in
+docs/results.md, "Hardening"). The pieces are independent, so a long text is cut right after special tokens into
+chunks of a
 few kB, each tokenized alone: the same tokens, in linear time.
 """
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
+from cobali.frontend.parsers.calls import ToolSchemas
+from cobali.frontend.parsers.tools import ToolFormat
 from cobali.http.protocol.bodies import Body, one_of
 from cobali.http.protocol.completions import GenerationRequest
 from cobali.http.protocol.structured import check_json_schema
-from cobali.structured.grammars import tool_call_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# What the server passes every chat template (cobali/frontend/chat_template.py): a request may not override it.
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                                "raise_exception", "strftime_now", "documents", "tool_choice"})
 
 
 class TextPart(Body):
@@ -37,6 +41,7 @@ class ChatMessage(Body):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier assistant turn's reasoning (vLLM's field), for the template
 
     def as_template_input(self) -> dict[str, Any]:
         """The message as HF chat templates read it; a call's arguments become an object where they parse
@@ -49,6 +54,8 @@ class ChatMessage(Body):
             message["name"] = self.name
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             message["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
                 "name": c.function.name, "arguments": _parsed(c.function.arguments)}} for c in self.tool_calls]
@@ -105,6 +112,16 @@ class ChatCompletionRequest(GenerationRequest):
     prediction: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
     modalities: list[Literal["text"]] | None = None
+    # vLLM's: extra variables for the chat template (Qwen3's enable_thinking); never the ones the server sets.
+    chat_template_kwargs: dict[str, Any] | None = None
+    _call_format: ToolFormat | None = PrivateAttr(default=None)  # the served model's (for_model_writing)
+
+    @model_validator(mode="after")
+    def _check_template_kwargs(self) -> ChatCompletionRequest:
+        taken = sorted(set(self.chat_template_kwargs or ()) & TEMPLATE_VARIABLES)
+        if taken:
+            raise ValueError(f"chat_template_kwargs cannot set {', '.join(taken)}: the server sets them")
+        return self
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
@@ -129,6 +146,16 @@ class ChatCompletionRequest(GenerationRequest):
         """The tools the model is told about and whose calls are parsed from its output."""
         return [] if self.tool_choice == "none" else list(self.tools or ())
 
+    def tool_schemas(self) -> ToolSchemas:
+        """The active tools as the reply's tool-call parser reads them: name -> parameters schema."""
+        return {t.function.name: t.function.parameters or {} for t in self.active_tools}
+
+    def for_model_writing(self, calls: ToolFormat) -> ChatCompletionRequest:
+        """This request for a model that writes tool calls in `calls`' format: a forced call is held to it."""
+        copy = self.model_copy()
+        copy._call_format = calls
+        return copy
+
     def forced_tools(self) -> list[Tool]:
         """The tools one of which the output must call (by grammar): [] when the model may answer in text."""
         if isinstance(self.tool_choice, NamedToolChoice):
@@ -144,11 +171,24 @@ class ChatCompletionRequest(GenerationRequest):
         forced = self.forced_tools()
         if not forced:
             return super().sampling_grammar()
-        return tool_call_grammar([(t.function.name, t.function.parameters) for t in forced],
-                                 self.parallel_tool_calls)
+        assert self._call_format is not None, "a forced call's format is the model's: see for_model_writing"
+        return self._call_format.forced_call_grammar([(t.function.name, t.function.parameters) for t in forced],
+                                                     self.parallel_tool_calls)
 
     def logprob_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or super().requested_max_tokens()
+
+
+def translated_chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
+    """Another API's request (Responses, Anthropic Messages) as a chat request; a ValueError names what does not
+    fit, with its place in the chat body."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}: {message}" if where else message) from None

@@ -8,12 +8,11 @@ header and the server logs a warning (cobali.http.ignored).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from cobali.backends.base import SamplingParams
+from cobali.frontend.interface import ModelInfo, SamplingParams
 from cobali.http.protocol.bodies import Body, one_of, text_batch
 from cobali.http.protocol.structured import StructuredRequest, schema_grammar
 from cobali.structured.grammars import JSON_OBJECT_GRAMMAR
@@ -23,15 +22,6 @@ from cobali.structured.grammars import JSON_OBJECT_GRAMMAR
 C_INT_MAX = 2**31 - 1  # top_k reaches llama.cpp as a C int: a larger value would crash the engine thread
 MAX_PRIORITY = 1000  # `priority` in [-MAX_PRIORITY, MAX_PRIORITY] (README): vLLM documents no range
 MAX_CACHE_SALT = 256  # characters: a salt names a tenant, it is no place for data
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """What a request is checked against once the model is loaded."""
-
-    n_ctx_seq: int  # context tokens one request may use
-    n_vocab: int
-    context_hint: str = ""  # how the operator gives a request more (KvAccountant.context_hint)
 
 
 class StreamOptions(Body):
@@ -129,21 +119,21 @@ class GenerationRequest(StructuredRequest):
 
     @property
     def continuous_usage(self) -> bool:
-        return self.include_usage and self.stream_options.continuous_usage_stats
+        return self.stream_options is not None and self.include_usage and self.stream_options.continuous_usage_stats
 
-    def sampling_params(self, prompt_tokens: int, limits: ModelLimits, copy: int) -> SamplingParams:
+    def sampling_params(self, prompt_tokens: int, model: ModelInfo, copy: int) -> SamplingParams:
         """Engine parameters for one choice. Seeded copies get seed+copy: distinct yet reproducible.
 
         A max_tokens that cannot fit beside the prompt is refused (as OpenAI and vLLM do), naming the
         context length; left out, it means the room left.
         """
-        room = max(1, limits.n_ctx_seq - prompt_tokens)
+        room = max(1, model.max_model_len - prompt_tokens)
         max_tokens = self.requested_max_tokens() or room
         if max_tokens > room:
             raise ValueError(
-                f"this model's context length is {limits.n_ctx_seq} tokens per request, but {prompt_tokens} "
+                f"this model's context length is {model.max_model_len} tokens per request, but {prompt_tokens} "
                 f"prompt tokens + max_tokens {max_tokens} = {prompt_tokens + max_tokens} tokens"
-                + (f" ({limits.context_hint})" if limits.context_hint else ""))
+                + (f" ({model.context_hint})" if model.context_hint else ""))
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
@@ -152,7 +142,7 @@ class GenerationRequest(StructuredRequest):
             ignore_eos=self.ignore_eos,
             grammar=self.sampling_grammar(),
             logprobs=self.logprob_count(), prompt_logprobs=self.prompt_logprob_count(),
-            logit_bias=self.token_biases(limits.n_vocab), stop_token_ids=self.stop_tokens(limits.n_vocab),
+            logit_bias=self.token_biases(model.n_vocab), stop_token_ids=self.stop_tokens(model.n_vocab),
             min_tokens=self.min_tokens, include_stop_str=self.include_stop_str_in_output, cache_salt=self.cache_salt,
         )
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from cobali.http.protocol.bodies import Body, RequestBody, one_of
-from cobali.http.protocol.chat import ROLES, ChatCompletionRequest
+from cobali.http.protocol.chat import ROLES, ChatCompletionRequest, translated_chat_request
 
 
 class InputText(Body):
@@ -21,7 +21,7 @@ class InputText(Body):
 
 class MessageItem(Body):
     type: Literal["message"] = "message"
-    role: Literal[ROLES]  # type: ignore[valid-type]
+    role: Literal[ROLES]  # type: ignore[valid-type]  # a tuple of literals: valid at runtime, not to mypy
     content: Annotated[str | list[InputText], one_of("a string or a list of input_text parts")]
 
     def text(self) -> str:
@@ -114,12 +114,7 @@ class ResponsesRequest(RequestBody):
             body["response_format"] = {"type": fmt.type} if fmt.type == "json_object" else {
                 "type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.json_schema
                                                        if fmt.json_schema is not None else True}}
-        try:
-            return ChatCompletionRequest.model_validate(body)
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+        return translated_chat_request(body)
 
     def _messages(self) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []

@@ -4,43 +4,46 @@ per-token TokenLogprob entries."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from cobali.engine.request import Request
-from cobali.engine.sampling import TokenLogprob
+from cobali.frontend.interface import TokenLogprob
 
 
 class LogprobWriter:
-    """Renders a choice's logprobs; in a stream, each call renders only the tokens not sent yet.
+    """Renders a choice's logprobs; in a stream, each call renders the entries of one output.
 
-    With `echo` (completions only), a choice's first rendering starts with its prompt tokens: the first one
+    With `echoed` (completions' echo), a choice's first rendering starts with its prompt tokens: the first one
     has no logprob (nothing predicts it) and shows null, as OpenAI's echo does.
     """
 
-    def __init__(self, token_bytes: Callable[[int], bytes], chat: bool, n_choices: int, echo: bool = False) -> None:
+    def __init__(self, token_bytes: Callable[[int], bytes], chat: bool, n_choices: int, k: int,
+                 echoed: Sequence[Sequence[int]] | None = None) -> None:
+        """k: the alternatives the request asked for per token; echoed: each choice's prompt tokens, if echoed."""
         self.token_bytes = token_bytes
         self.chat = chat
-        self.echo = echo
-        self._sent = [0] * n_choices
+        self.k = k
+        self.echoed = echoed
+        self._started = [False] * n_choices
         self._text_offset = [0] * n_choices
 
-    def render_new(self, index: int, request: Request, end: int | None = None) -> dict | None:
-        """The entries from the last call's end up to `end` (None: all there are now)."""
-        first = self._sent[index] == 0
-        entries = request.logprobs[self._sent[index]:end]  # the engine thread only appends
+    def render(self, index: int, entries: Sequence[TokenLogprob],
+               prompt_logprobs: Sequence[TokenLogprob] | None = None) -> dict | None:
+        """Choice `index`'s entries not rendered before (None: none, after its first rendering); its echoed
+        prompt's (prompt_logprobs) open its first one."""
+        first = not self._started[index]
         if not entries and not first:
             return None
-        self._sent[index] += len(entries)
+        self._started[index] = True
         if self.chat:
             return self._chat(entries)
-        if first and self.echo:  # the prompt's text comes first: rendered first, for the offsets
-            return _joined(self._prompt(index, request), self._completion(index, entries))
+        if first and self.echoed is not None:  # the prompt's text comes first: rendered first, for the offsets
+            return _joined(self._prompt(index, prompt_logprobs or ()), self._completion(index, entries))
         return self._completion(index, entries)
 
     def _text(self, token: int) -> str:
         return self.token_bytes(token).decode("utf-8", errors="replace")
 
-    def _chat(self, entries: list[TokenLogprob]) -> dict:
+    def _chat(self, entries: Sequence[TokenLogprob]) -> dict:
         def item(token: int, logprob: float) -> dict:
             return {"token": self._text(token), "logprob": logprob, "bytes": list(self.token_bytes(token))}
 
@@ -48,16 +51,17 @@ class LogprobWriter:
                    for e in entries]
         return {"content": content, "refusal": None}
 
-    def _prompt(self, index: int, request: Request) -> dict:
+    def _prompt(self, index: int, prompt_logprobs: Sequence[TokenLogprob]) -> dict:
         """The echoed prompt's lists; they come before the output's, so the output's offsets move on."""
-        first = self._text(request.prompt_tokens[0])
-        k = request.params.logprobs  # prompt_logprobs may have recorded more alternatives
-        rest = self._completion(index, [dataclasses.replace(e, top=e.top[:k]) for e in request.prompt_logprobs])
+        assert self.echoed is not None
+        first = self._text(self.echoed[index][0])
+        # prompt_logprobs may have recorded more alternatives
+        rest = self._completion(index, [dataclasses.replace(e, top=e.top[: self.k]) for e in prompt_logprobs])
         self._text_offset[index] += len(first)
         return _joined({"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]},
                        {**rest, "text_offset": [o + len(first) for o in rest["text_offset"]]})
 
-    def _completion(self, index: int, entries: list[TokenLogprob]) -> dict:
+    def _completion(self, index: int, entries: Sequence[TokenLogprob]) -> dict:
         tokens = [self._text(e.token) for e in entries]
         offsets = []
         for text in tokens:
@@ -74,7 +78,7 @@ class LogprobWriter:
         return top
 
 
-def prompt_logprobs(request: Request, token_bytes: Callable[[int], bytes], k: int) -> list[dict | None]:
+def prompt_logprobs(entries: Sequence[TokenLogprob], token_bytes: Callable[[int], bytes], k: int) -> list[dict | None]:
     """vLLM's prompt_logprobs: per prompt token (the first: null, nothing predicts it) its own and the top k
     alternatives', by token id: logprob, rank (1: the likeliest) and the decoded text. The engine may have recorded
     more alternatives (echo's logprobs asked for more): k cuts them."""
@@ -82,7 +86,7 @@ def prompt_logprobs(request: Request, token_bytes: Callable[[int], bytes], k: in
         return {"logprob": logprob, "rank": rank, "decoded_token": token_bytes(token).decode("utf-8", "replace")}
 
     rendered: list[dict | None] = [None]
-    for e in request.prompt_logprobs:
+    for e in entries:
         entry = {str(t): item(t, lp, rank) for rank, (t, lp) in enumerate(e.top[:k], 1)}
         entry[str(e.token)] = item(e.token, e.logprob, e.rank)
         rendered.append(entry)

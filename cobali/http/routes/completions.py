@@ -1,4 +1,6 @@
-"""POST /v1/completions, and the generation path it shares with /v1/chat/completions."""
+"""POST /v1/completions, and the HTTP side of the generation path it shares with /v1/chat/completions and
+/v1/responses: the body parsed off the loop, its inputs prepared on the worker pool (cobali.frontend.inputs),
+the generation submitted to the engine client (cobali.frontend.client), the reply whole or streamed."""
 
 from __future__ import annotations
 
@@ -9,17 +11,16 @@ from typing import TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from cobali.backends.base import SamplingParams
-from cobali.engine.engine import Engine
 from cobali.frontend.client import EngineState
-from cobali.frontend.errors import bad_request, unknown_model
+from cobali.frontend.errors import unknown_model
 from cobali.frontend.generation import Generation, GenerationError
-from cobali.frontend.request_limits import RequestLimits, check_prompt_logprobs, check_request
+from cobali.frontend.inputs import Choices, InputProcessor
+from cobali.frontend.request_limits import RequestLimits, check_request
 from cobali.frontend.work_pool import client_of
 from cobali.http.disconnect import cancelled_on_disconnect, client_watch
 from cobali.http.event_stream import EventStream
 from cobali.http.parse import json_body, parse_body
-from cobali.http.protocol.completions import CompletionRequest, GenerationRequest, ModelLimits
+from cobali.http.protocol.completions import CompletionRequest, GenerationRequest
 from cobali.http.protocol.unknown_fields import ignored_fields_headers
 from cobali.http.render.logprobs import LogprobWriter, prompt_logprobs
 from cobali.http.render.replies import COMPLETION, Kind, Reply, sse
@@ -27,7 +28,6 @@ from cobali.http.state import ServerContext
 
 T = TypeVar("T")
 G = TypeVar("G", bound=GenerationRequest)
-Choices = list[tuple[list[int], SamplingParams]]  # one (prompt tokens, params) per engine request
 
 router = APIRouter()
 
@@ -36,8 +36,8 @@ async def _stream(reply: Reply, include_usage: bool) -> AsyncIterator[str]:
     try:
         if (opening := reply.opening()) is not None:
             yield opening
-        async for deltas in reply.generation.batches():  # one write for all that arrived together
-            chunk = "".join(map(reply.delta_chunk, deltas))
+        async for outputs in reply.generation.batches():  # one write for all that arrived together
+            chunk = "".join(map(reply.delta_chunk, outputs))
             if not reply.generation.unfinished:  # the last text: the stream's end rides in the same write
                 chunk += (reply.chunk([], reply.usage()) if include_usage else "") + "data: [DONE]\n\n"
             yield chunk
@@ -45,47 +45,17 @@ async def _stream(reply: Reply, include_usage: bool) -> AsyncIterator[str]:
         yield sse(err.api_error().body())
 
 
-def tokenize(engine: Engine, prompt: str | list[int], param: str, keep: int | None = None) -> list[int]:
-    """The prompt's tokens; keep (vLLM's truncate_prompt_tokens): only its last `keep`, -1 as many as the
-    context holds beside one output token. A `keep` past the context is vLLM's 400, whatever the prompt's length."""
-    limit = engine.slots.accountant.seq_limit
-    if keep is not None and keep > limit:
-        raise bad_request(f"truncate_prompt_tokens value ({keep}) is greater than max_model_len ({limit}). "
-                          "Please, select a smaller truncation size.", "truncate_prompt_tokens")
-    try:
-        return engine.tokenize_prompt(prompt, None if keep is None else limit - 1 if keep == -1 else keep)
-    except ValueError as err:
-        raise bad_request(str(err), param) from None
-
-
-def build_choices(engine: Engine, body: GenerationRequest, prompts: list[list[int]],
-                  request_limits: RequestLimits) -> Choices:
-    """Every choice's params, its grammar built and compiled: on the worker pool (preprocessed)."""
-    if body.prompt_logprob_count() is not None:  # vLLM's, or echo's with logprobs
-        check_prompt_logprobs(sum(map(len, prompts)) * body.n,
-                              "prompt_logprobs" if body.prompt_logprobs is not None else "logprobs", request_limits)
-    accountant = engine.slots.accountant
-    limits = ModelLimits(accountant.seq_limit, engine.backend.info.n_vocab, accountant.context_hint())
-    try:
-        choices = [(tokens, body.sampling_params(len(tokens), limits, copy))
-                   for tokens in prompts for copy in range(body.n)]
-        if choices[0][1].grammar is not None:  # compile once here: a bad grammar must not reach the engine
-            engine.grammars.check(choices[0][1].grammar)
-    except ValueError as err:
-        raise bad_request(str(err)) from None
-    return choices
-
-
-def served_engine(http: Request, model: str | None) -> Engine:
-    """The engine, for a request naming this server's model. Like OpenAI, an unknown model is a 404, not
-    silently served by whatever is loaded; leaving `model` out is allowed."""
+def inputs_for(http: Request, model: str | None) -> InputProcessor:
+    """How requests are prepared for the model a request names: this server's. Like OpenAI, an unknown model is
+    a 404, not silently served by whatever is loaded; leaving `model` out is allowed. Then a 503 unless the engine
+    is ready."""
     server: ServerContext = http.app.state.server
     if not server.serves(model):
-        raise unknown_model(model, server.model_name)
-    return server.engine_thread.require_engine()
+        raise unknown_model(str(model), server.model_name)
+    return server.inputs()
 
 
-async def preprocessed(http: Request, engine: Engine, body: GenerationRequest, n_prompts: int,
+async def preprocessed(http: Request, inputs: InputProcessor, body: GenerationRequest, n_prompts: int,
                        work: Callable[[], T]) -> T:
     """work() (tokenizing, the chat template, the grammar) on the worker pool, once the body is within the
     operator's limits and the queue has room for its choices: both checked first in the same job (the limits
@@ -93,8 +63,8 @@ async def preprocessed(http: Request, engine: Engine, body: GenerationRequest, n
     server: ServerContext = http.app.state.server
 
     def checked() -> T:
-        check_request(body, server.limits, server.grammar, engine.backend.info.n_vocab)
-        server.engine_thread.check_room(n_prompts * body.n)  # reads a length: safe off the loop
+        check_request(body, server.config.limits, server.config.grammar, inputs.model.n_vocab)
+        server.client.check_room(n_prompts * body.n)  # reads a length: safe off the loop
         return work()
 
     return await server.pool.run(client_of(http), checked)
@@ -103,9 +73,9 @@ async def preprocessed(http: Request, engine: Engine, body: GenerationRequest, n
 def refuse_when_full(http: Request) -> None:
     """QueueFull if not even one more request fits: before a generation's body is parsed, its choices unknown
     (preprocessed counts them). An engine not ready is left to the route, whose 404 comes before its 503."""
-    thread = http.app.state.server.engine_thread
-    if thread.state is EngineState.READY:
-        thread.check_room(1)
+    client = http.app.state.server.client
+    if client.state is EngineState.READY:
+        client.check_room(1)
 
 
 async def generation_body(http: Request, model: type[G]) -> G:
@@ -117,7 +87,7 @@ async def generation_body(http: Request, model: type[G]) -> G:
 def submit(http: Request, body: GenerationRequest, prepared: Choices) -> Generation:
     """The request's choices (prompts x n), queued on the engine, and aborted the moment the client goes."""
     server: ServerContext = http.app.state.server
-    generation = server.engine_thread.submit(prepared, body.priority, server.lora_of(body.model))
+    generation = server.client.submit(prepared, body.priority, server.lora_of(body.model))
     client_watch(http).on_gone(generation.abort)
     return generation
 
@@ -126,7 +96,8 @@ def event_stream(http: Request, events: AsyncIterator[str], headers: dict[str, s
                  generation: Generation) -> EventStream:
     """A generation's stream, under the operator's limits on a client that stops reading."""
     server: ServerContext = http.app.state.server
-    return EventStream(events, headers, generation, server.send_timeout_s, server.max_stream_buffer_chars)
+    return EventStream(events, headers, generation, server.config.send_timeout_s,
+                       server.config.max_stream_buffer_chars)
 
 
 async def until_finished(generation: Generation) -> None:
@@ -138,18 +109,18 @@ async def until_finished(generation: Generation) -> None:
         generation.abort()  # a no-op when everything finished
 
 
-async def generate(http: Request, engine: Engine, body: GenerationRequest, prepared: Choices,
+async def generate(http: Request, inputs: InputProcessor, body: GenerationRequest, prepared: Choices,
                    kind: Kind, echoes: list[str] | None = None) -> Response:
     server: ServerContext = http.app.state.server
     generation = submit(http, body, prepared)
     logprobs = None
-    if generation.requests[0].params.logprobs is not None:
-        logprobs = LogprobWriter(engine.backend.token_bytes, kind.chat, len(generation.requests),
-                                 echo=echoes is not None)
+    if (k := prepared[0][1].logprobs) is not None:
+        logprobs = LogprobWriter(inputs.tokenizer.token_bytes, kind.chat, len(prepared), k,
+                                 echoed=None if echoes is None else [tokens for tokens, _ in prepared])
     reply = Reply(kind, server.model_id(body.model), generation, body.n, logprobs,
                   None if echoes is None else [e for e in echoes for _ in range(body.n)], body.continuous_usage,
                   None if body.prompt_logprobs is None else functools.partial(
-                      prompt_logprobs, token_bytes=engine.backend.token_bytes, k=body.prompt_logprobs))
+                      prompt_logprobs, token_bytes=inputs.tokenizer.token_bytes, k=body.prompt_logprobs))
     headers = ignored_fields_headers(body)
     if body.stream:
         return event_stream(http, _stream(reply, body.include_usage), headers, generation)
@@ -161,21 +132,17 @@ async def generate(http: Request, engine: Engine, body: GenerationRequest, prepa
 @cancelled_on_disconnect
 async def completions(http: Request) -> Response:
     body = await generation_body(http, CompletionRequest)
-    engine = served_engine(http, body.model)
-    work = functools.partial(_completion_choices, engine, body, http.app.state.server.limits)
-    prepared, echoes = await preprocessed(http, engine, body, len(body.prompts()), work)
-    return await generate(http, engine, body, prepared, COMPLETION, echoes)
+    inputs = inputs_for(http, body.model)
+    work = functools.partial(_completion_choices, inputs, body, http.app.state.server.config.limits)
+    prepared, echoes = await preprocessed(http, inputs, body, len(body.prompts()), work)
+    return await generate(http, inputs, body, prepared, COMPLETION, echoes)
 
 
-def _completion_choices(engine: Engine, body: CompletionRequest,
+def _completion_choices(inputs: InputProcessor, body: CompletionRequest,
                         limits: RequestLimits) -> tuple[Choices, list[str] | None]:
-    prompts = [tokenize(engine, p, "prompt", body.truncate_prompt_tokens) for p in body.prompts()]
+    prompts = [inputs.prompt_tokens(p, "prompt", body.truncate_prompt_tokens) for p in body.prompts()]
     echoes = None
     if body.echo:  # the prompt as sent; token-id or truncated prompts are rendered from their tokens
-        echoes = [p if isinstance(p, str) and body.truncate_prompt_tokens is None else detokenize(engine, t)
+        echoes = [p if isinstance(p, str) and body.truncate_prompt_tokens is None else inputs.tokenizer.decode(t)
                   for p, t in zip(body.prompts(), prompts, strict=True)]
-    return build_choices(engine, body, prompts, limits), echoes
-
-
-def detokenize(engine: Engine, tokens: list[int]) -> str:
-    return b"".join(map(engine.backend.token_bytes, tokens)).decode("utf-8", errors="replace")
+    return inputs.choices(body, prompts, limits), echoes

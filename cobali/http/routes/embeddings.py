@@ -6,7 +6,6 @@ decode. The work runs on a worker thread, one request at a time, beside the engi
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import Annotated, Literal
 
@@ -15,13 +14,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
-from cobali.engine.engine import Engine
 from cobali.frontend.errors import bad_request
+from cobali.frontend.inputs import InputProcessor
 from cobali.frontend.work_pool import client_of
 from cobali.http.parse import json_body, parse_body
 from cobali.http.protocol.bodies import RequestBody, one_of, text_batch
 from cobali.http.protocol.unknown_fields import ignored_fields_headers
-from cobali.http.routes.completions import served_engine
+from cobali.http.routes.completions import inputs_for
 from cobali.http.state import ServerContext
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
@@ -50,11 +49,9 @@ class EmbeddingRequest(RequestBody):
         return text_batch(self.input)
 
 
-def _tokens(engine: Engine, item: str | list[int], max_tokens: int) -> list[int]:
-    tokens = engine.backend.tokenize(item) if isinstance(item, str) else item
-    n_vocab = engine.backend.info.n_vocab
-    if any(not 0 <= t < n_vocab for t in tokens):
-        raise bad_request(f"input token ids must be in [0, {n_vocab})", "input")
+def _tokens(inputs: InputProcessor, item: str | list[int], max_tokens: int) -> list[int]:
+    tokens = inputs.tokenizer.encode(item) if isinstance(item, str) else item
+    inputs.check_token_ids(tokens, "input token ids", "input")
     if len(tokens) > max_tokens:
         raise bad_request(f"an input has {len(tokens)} tokens; embeddings take at most {max_tokens}", "input")
     return tokens
@@ -70,18 +67,17 @@ def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:
 async def embeddings(http: Request) -> JSONResponse:
     body = await parse_body(http, EmbeddingRequest)
     server: ServerContext = http.app.state.server
-    engine = served_engine(http, body.model)
-    limits = engine.backend.embedding_limits
+    inputs = inputs_for(http, body.model)
+    limits = inputs.model.embeddings
     if body.dimensions is not None and body.dimensions != limits.n_embd:
         raise bad_request(f"dimensions: this model's embeddings have {limits.n_embd} dimensions and cannot be "
                           "shortened", "dimensions")
-    inputs = await server.pool.run(client_of(http), lambda: [_tokens(engine, item, limits.max_tokens)
+    tokens = await server.pool.run(client_of(http), lambda: [_tokens(inputs, item, limits.max_tokens)
                                                              for item in body.inputs()])
-    async with server.embedding_lock:
-        vectors = await asyncio.to_thread(engine.backend.embed, inputs)
+    vectors = await server.client.embed(tokens)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     vectors = vectors / np.where(norms > 0, norms, 1.0)
-    n_tokens = sum(map(len, inputs))
+    n_tokens = sum(map(len, tokens))
     data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
     return JSONResponse({"object": "list", "data": data, "model": server.model_name,

@@ -15,8 +15,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
-from cobali.engine.adapters import AdapterLimit
 from cobali.frontend.errors import APIError, bad_request
+from cobali.frontend.interface import AdapterLimit
 from cobali.http.parse import json_body, parse_body
 from cobali.http.protocol.bodies import RequestBody
 from cobali.http.state import ServerContext
@@ -42,7 +42,7 @@ async def load_lora_adapter(http: Request) -> PlainTextResponse:
     name, loras = body.lora_name, server.loras
     if server.serves(name) or name in loras.reserved:
         raise bad_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
-    loading = server.engine_thread.call(lambda engine: engine.adapters.load(body.lora_path))  # 503 unless ready
+    loading = server.client.load_adapter(body.lora_path)  # 503 unless ready
     loras.name_when_loaded(name, loading)
     try:
         await asyncio.shield(loading)  # a handler cancelled now still leaves the adapter its name
@@ -65,7 +65,7 @@ async def unload_lora_adapter(http: Request) -> PlainTextResponse:
     if index is None:
         raise APIError(404, f"The lora adapter '{body.lora_name}' cannot be found.", "not_found_error",
                        "lora_name")
-    unloading = server.engine_thread.call(lambda engine: engine.adapters.unload(index))  # 503 unless ready
+    unloading = server.client.unload_adapter(index)  # 503 unless ready
     del server.loras.index[body.lora_name]  # from now on no request names it
     await unloading
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")

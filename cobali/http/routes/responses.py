@@ -1,7 +1,10 @@
 """POST /v1/responses: the Responses API over the chat path, whole or streamed as the SDK's typed events
-(response.created, response.in_progress, response.output_item.added, response.content_part.added,
-response.output_text.delta/.done, response.function_call_arguments.done, response.output_item.done,
-response.completed)."""
+(response.created, response.in_progress; per output item response.output_item.added, response.content_part.added,
+response.reasoning_text.delta/.done or response.output_text.delta/.done, response.content_part.done,
+response.output_item.done, or for a call response.function_call_arguments.done; then response.completed).
+
+The reply is read by the model's parsers: its reasoning is a `reasoning` item before the message, its tool calls
+`function_call` items after it."""
 
 from __future__ import annotations
 
@@ -9,15 +12,17 @@ import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from cobali.engine.request import FinishReason
 from cobali.frontend.errors import bad_request
 from cobali.frontend.generation import Generation, GenerationError
-from cobali.frontend.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
+from cobali.frontend.inputs import ReplyReader
+from cobali.frontend.interface import FinishReason
+from cobali.frontend.parsers.calls import ParsedCall
+from cobali.frontend.parsers.reply import ReplyDelta
 from cobali.http.disconnect import cancelled_on_disconnect
 from cobali.http.parse import json_body, parse_then
 from cobali.http.protocol.chat import ChatCompletionRequest
@@ -26,44 +31,59 @@ from cobali.http.protocol.unknown_fields import ignored_fields_headers
 from cobali.http.routes.chat import chat_choices
 from cobali.http.routes.completions import (
     event_stream,
+    inputs_for,
     preprocessed,
     refuse_when_full,
-    served_engine,
     submit,
     until_finished,
 )
 
 router = APIRouter()
+REASONING, MESSAGE = "reasoning", "message"  # the kinds of text item
+_ID_PREFIX = {REASONING: "rs", MESSAGE: "msg"}
+_TEXT = {REASONING: "reasoning_text", MESSAGE: "output_text"}  # their parts' type, and their events' names
+
+
+def new_item_id(kind: str) -> str:
+    return f"{_ID_PREFIX[kind]}_{uuid.uuid4().hex}"
+
+
+def text_part(kind: str, text: str) -> dict:
+    if kind == REASONING:
+        return {"type": "reasoning_text", "text": text}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def text_item(kind: str, item_id: str, text: str, status: str = "completed") -> dict:
+    """A reasoning item or the message, with its one part once it has text."""
+    content = [text_part(kind, text)] if text else []
+    if kind == REASONING:
+        return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def function_call_item(call: ParsedCall) -> dict:
+    return {"type": "function_call", "id": f"fc_{call.id.removeprefix('call_')}", "call_id": call.id,
+            "name": call.name, "arguments": call.arguments, "status": "completed"}
 
 
 class ResponseObject:
-    """The response and its output items as they grow."""
+    """The response around its output items."""
 
-    def __init__(self, body: ResponsesRequest, model: str, generation: Generation, input_tokens: int) -> None:
+    def __init__(self, body: ResponsesRequest, model: str, generation: Generation, input_tokens: int,
+                 replies: ReplyReader) -> None:
         self.body = body
         self.model = model
         self.generation = generation
         self.input_tokens = input_tokens
+        self.replies = replies
         self.id = f"resp_{uuid.uuid4().hex}"
-        self.message_id = f"msg_{uuid.uuid4().hex}"
         self.created_at = time.time()
-        self.tool_names = {t.name for t in body.tools or ()} if body.tool_choice != "none" else set()
-
-    def message(self, text: str, status: str = "completed") -> dict:
-        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text else []
-        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
-
-    @staticmethod
-    def function_call(call: ParsedCall) -> dict:
-        return {"type": "function_call", "id": f"fc_{call.id.removeprefix('call_')}", "call_id": call.id,
-                "name": call.name, "arguments": call.arguments, "status": "completed"}
-
-    def output(self, text: str, calls: list[ParsedCall]) -> list[dict]:
-        return ([self.message(text)] if text else []) + [self.function_call(c) for c in calls]
 
     def envelope(self, status: str, output: list[dict]) -> dict:
-        request = self.generation.requests[0]
-        incomplete = status == "completed" and request.finish_reason is FinishReason.LENGTH
+        choice = self.generation.choices[0]
+        last = choice.last
+        incomplete = status == "completed" and last is not None and last.finish_reason is FinishReason.LENGTH
         body = self.body
         tools = [t.model_dump(exclude_none=True) for t in body.tools or ()]
         response = {
@@ -79,17 +99,19 @@ class ResponseObject:
             "metadata": body.metadata or {}, "user": body.user,
         }
         if status != "in_progress":
-            output_tokens = len(request.output_tokens)
+            output_tokens = choice.n_tokens
+            cached = last.cached_tokens if last is not None else 0
             response["usage"] = {"input_tokens": self.input_tokens,
-                                 "input_tokens_details": {"cached_tokens": request.cached_tokens},
+                                 "input_tokens_details": {"cached_tokens": cached},
                                  "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                                  "total_tokens": self.input_tokens + output_tokens}
         return response
 
     def final(self) -> dict:
-        text = self.generation.requests[0].text
-        content, calls = parse_tool_calls(text, self.tool_names) if self.tool_names else (text, [])
-        return self.envelope("completed", self.output(content or "", calls))
+        read = self.replies.whole(self.generation.choices[0].text)
+        output = [text_item(kind, new_item_id(kind), text)
+                  for kind, text in ((REASONING, read.reasoning), (MESSAGE, read.content)) if text]
+        return self.envelope("completed", output + [function_call_item(c) for c in read.calls])
 
 
 class EventWriter:
@@ -102,38 +124,82 @@ class EventWriter:
         return f"event: {kind}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
+class StreamedOutput:
+    """The output items as a stream writes them: a run of reasoning or of content is an item (a reasoning item,
+    a message), opened at its first text and done when text of the other kind, a call or the end comes; each call
+    is an item, done at once."""
+
+    def __init__(self, event: EventWriter) -> None:
+        self.event = event
+        self.done: list[dict] = []  # the items done, in order
+        self._open: tuple[str, str] | None = None  # the open text item: its kind and id
+        self._text: list[str] = []  # its text so far
+
+    def read(self, read: ReplyDelta) -> Iterator[str]:
+        yield from self._write(REASONING, read.reasoning)
+        yield from self._write(MESSAGE, read.content)
+        yield from self._calls(read.calls)
+
+    def close(self) -> Iterator[str]:
+        """The open text item, done."""
+        if self._open is None:
+            return
+        kind, item_id = self._open
+        text, index = "".join(self._text), len(self.done)
+        part = {"item_id": item_id, "output_index": index, "content_index": 0}
+        yield self.event(f"response.{_TEXT[kind]}.done", **part, text=text, **_logprobs(kind))
+        yield self.event("response.content_part.done", **part, part=text_part(kind, text))
+        item = text_item(kind, item_id, text)
+        yield self.event("response.output_item.done", output_index=index, item=item)
+        self.done.append(item)
+        self._open, self._text = None, []
+
+    def _write(self, kind: str, delta: str) -> Iterator[str]:
+        if not delta:
+            return
+        if self._open is None or self._open[0] != kind:
+            yield from self.close()
+            self._open = kind, new_item_id(kind)
+            yield self.event("response.output_item.added", output_index=len(self.done),
+                             item=text_item(kind, self._open[1], "", "in_progress"))
+            yield self.event("response.content_part.added", **self._part(), part=text_part(kind, ""))
+        self._text.append(delta)
+        yield self.event(f"response.{_TEXT[kind]}.delta", **self._part(), delta=delta, **_logprobs(kind))
+
+    def _part(self) -> dict:
+        assert self._open is not None
+        return {"item_id": self._open[1], "output_index": len(self.done), "content_index": 0}
+
+    def _calls(self, calls: Sequence[ParsedCall]) -> Iterator[str]:
+        if calls:
+            yield from self.close()
+        for call in calls:
+            item, index = function_call_item(call), len(self.done)
+            yield self.event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
+            yield self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                             arguments=call.arguments, name=call.name)
+            yield self.event("response.output_item.done", output_index=index, item=item)
+            self.done.append(item)
+
+
+def _logprobs(kind: str) -> dict:
+    """Output text's events carry logprobs (none are asked for here); reasoning text's have no such field."""
+    return {"logprobs": []} if kind == MESSAGE else {}
+
+
 async def _events(reply: ResponseObject) -> AsyncIterator[str]:
-    event, stream = EventWriter(), ToolCallStream(reply.tool_names)
-    text, opened = "", False
-    part = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
+    event, stream = EventWriter(), reply.replies.stream()
+    output = StreamedOutput(event)
     try:
         yield event("response.created", response=reply.envelope("in_progress", []))
         yield event("response.in_progress", response=reply.envelope("in_progress", []))
-        async for delta in reply.generation.events():
-            ready = stream.push(delta.text) if reply.tool_names else delta.text
-            calls: list[ParsedCall] = []
-            if delta.finished and reply.tool_names:
-                rest, calls = stream.finish()
-                ready += rest
-            if ready and not opened:
-                opened = True
-                yield event("response.output_item.added", output_index=0, item=reply.message("", "in_progress"))
-                yield event("response.content_part.added", **part,
-                            part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-            if ready:
-                text += ready
-                yield event("response.output_text.delta", **part, delta=ready, logprobs=[])
-        if opened:
-            yield event("response.output_text.done", **part, text=text, logprobs=[])
-            yield event("response.content_part.done", **part, part=reply.message(text)["content"][0])
-            yield event("response.output_item.done", output_index=0, item=reply.message(text))
-        for index, call in enumerate(calls, start=int(opened)):
-            item = reply.function_call(call)
-            yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
-            yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                        arguments=call.arguments, name=call.name)
-            yield event("response.output_item.done", output_index=index, item=item)
-        yield event("response.completed", response=reply.envelope("completed", reply.output(text, calls)))
+        async for got in reply.generation.events():
+            for text in output.read(stream.feed(got.text)):
+                yield text
+            if got.finished:
+                for text in (*output.read(stream.finish()), *output.close()):
+                    yield text
+        yield event("response.completed", response=reply.envelope("completed", output.done))
     except GenerationError as err:  # headers are sent: report in-band
         error = err.api_error()
         yield event("error", code=error.code, message=error.message, param=None)
@@ -144,12 +210,13 @@ async def _events(reply: ResponseObject) -> AsyncIterator[str]:
 async def responses(http: Request) -> Response:
     refuse_when_full(http)
     body, chat = await parse_then(http, ResponsesRequest, _as_chat)
-    engine = served_engine(http, body.model)
+    inputs = inputs_for(http, body.model)
     if isinstance(chat, ValueError):  # after the model's 404 or 503, as it always came
         raise bad_request(str(chat))
-    prepared = await preprocessed(http, engine, chat, 1, functools.partial(chat_choices, http, engine, chat))
-    generation = submit(http, chat, prepared)
-    reply = ResponseObject(body, http.app.state.server.model_id(body.model), generation, len(prepared[0][0]))
+    prepared = await preprocessed(http, inputs, chat, 1, functools.partial(chat_choices, http, inputs, chat))
+    generation = submit(http, chat, prepared.choices)
+    reply = ResponseObject(body, http.app.state.server.model_id(body.model), generation,
+                           len(prepared.choices[0][0]), prepared.replies)
     headers = ignored_fields_headers(body)
     if body.stream:
         return event_stream(http, _events(reply), headers, generation)

@@ -14,16 +14,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
-from cobali.engine.engine import Engine
-from cobali.frontend.errors import bad_request
-from cobali.frontend.request_limits import check_tools
+from cobali.frontend.inputs import InputProcessor
+from cobali.frontend.request_limits import RequestLimits, check_tools
 from cobali.frontend.work_pool import client_of
 from cobali.http.parse import json_body, parse_body
 from cobali.http.protocol.bodies import RequestBody
 from cobali.http.protocol.chat import ChatMessage, Tool
 from cobali.http.protocol.unknown_fields import ignored_fields_headers
-from cobali.http.routes.chat import chat_prompt_text
-from cobali.http.routes.completions import detokenize, served_engine
+from cobali.http.routes.completions import inputs_for
 from cobali.http.state import ServerContext
 
 router = APIRouter()
@@ -56,41 +54,41 @@ class DetokenizeRequest(RequestBody):
 @router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
 async def tokenize_route(http: Request) -> JSONResponse:
     body = await parse_body(http, TokenizeRequest)
-    engine = served_engine(http, body.model)
+    inputs = inputs_for(http, body.model)
     server: ServerContext = http.app.state.server
-    reply = await server.pool.run(client_of(http), functools.partial(_tokenized, http, engine, body))
+    work = functools.partial(_tokenized, inputs, body, server.config.limits)
+    reply = await server.pool.run(client_of(http), work)
     return JSONResponse(reply, headers=ignored_fields_headers(body))
 
 
-def _tokenized(http: Request, engine: Engine, body: TokenizeRequest) -> dict:
+def _tokenized(inputs: InputProcessor, body: TokenizeRequest, limits: RequestLimits) -> dict:
     """On the worker pool: the tools' limits (their JSON is measured), the template, the tokens and their texts."""
-    check_tools(body.tools, http.app.state.server.limits)
+    check_tools(body.tools, limits)
     if body.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in body.tools or ()] or None
-        text = chat_prompt_text(http, engine, [m.as_template_input() for m in body.messages], tools)
+        text = inputs.chat_text([m.as_template_input() for m in body.messages], tools)
     else:
         assert body.prompt is not None
         text = body.prompt
-    tokens = engine.backend.tokenize(text, body.add_special_tokens)
+    tokenizer = inputs.tokenizer
+    tokens = tokenizer.encode(text, body.add_special_tokens)
     strs = None
     if body.return_token_strs:
-        strs = [engine.backend.token_bytes(t).decode("utf-8", errors="replace") for t in tokens]
-    return {"count": len(tokens), "max_model_len": engine.slots.accountant.seq_limit, "tokens": tokens,
+        strs = [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in tokens]
+    return {"count": len(tokens), "max_model_len": inputs.model.max_model_len, "tokens": tokens,
             "token_strs": strs}
 
 
 @router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
 async def detokenize_route(http: Request) -> JSONResponse:
     body = await parse_body(http, DetokenizeRequest)
-    engine = served_engine(http, body.model)
+    inputs = inputs_for(http, body.model)
     server: ServerContext = http.app.state.server
-    text = await server.pool.run(client_of(http), functools.partial(_detokenized, engine, body.tokens))
+    text = await server.pool.run(client_of(http), functools.partial(_detokenized, inputs, body.tokens))
     return JSONResponse({"prompt": text}, headers=ignored_fields_headers(body))
 
 
-def _detokenized(engine: Engine, tokens: list[int]) -> str:
+def _detokenized(inputs: InputProcessor, tokens: list[int]) -> str:
     """On the worker pool: up to a million ids checked, then their text."""
-    n_vocab = engine.backend.info.n_vocab
-    if any(not 0 <= t < n_vocab for t in tokens):
-        raise bad_request(f"token ids must be in [0, {n_vocab})", "tokens")
-    return detokenize(engine, tokens)
+    inputs.check_token_ids(tokens, "token ids", "tokens")
+    return inputs.tokenizer.decode(tokens)

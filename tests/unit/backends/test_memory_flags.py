@@ -13,9 +13,8 @@ from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.memory import FIT_MARGIN_BYTES, fit_cells
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.http.app import create_app
 from cobali.options import add_engine_args, backend_config
-from tests.unit.http.test_server_api import wait_healthy
+from tests.unit.http.test_server_api import fake_app, wait_healthy
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -76,7 +75,7 @@ def test_a_prompt_past_the_context_names_the_flags_that_give_it_more(unified: bo
     with pytest.raises(ValueError, match="context holds") as refused:
         engine.add_request(list(range(1, 300)))
     assert hint in str(refused.value)
-    with TestClient(create_app(lambda: engine, "fake-model")) as api:
+    with TestClient(fake_app(lambda: engine, "fake-model")) as api:
         wait_healthy(api)
         reply = api.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 400})
         assert reply.status_code == 400 and hint in reply.json()["error"]["message"], reply.text

@@ -12,10 +12,10 @@ from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.batch.jobs import Job, Shard, pending_shards, read_jobs, run_shard
 from cobali.cli import main
-from cobali.engine.driver import Driver, Pending
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.jsonl import ResultsFile
+from cobali.offline import LLM, Pending
 
 PROMPTS = [f"prompt {i}: " + "abcdefghij"[: 1 + i % 10] * (1 + i % 4) for i in range(12)]
 
@@ -31,19 +31,19 @@ def write_input(path: Path, with_ids: bool = True) -> Path:
     return path
 
 
-def test_driver_reports_every_request_once_with_a_short_queue() -> None:
+def test_a_fed_stream_reports_every_request_once_with_a_short_queue() -> None:
     engine = make_engine(n_ctx_seq=40)
-    driver = Driver(engine, window=2)
+    llm = LLM(engine, window=2)
     for i in range(200):
         prompt = "x" * 50 if i == 7 else f"p{i}"  # request 7 is longer than the context
-        driver.push(Pending(i, prompt, SamplingParams(max_tokens=3, ignore_eos=True)))
+        llm.push(Pending(i, prompt, SamplingParams(max_tokens=3, ignore_eos=True)))
     done = []
-    while driver.has_work:
-        done += driver.step()
+    while llm.has_work:
+        done += llm.step()
         assert len(engine.scheduler.waiting) <= 2
     keys = [k for k, _ in done]
     assert sorted(keys) == list(range(200))
-    assert dict(done)[7].error and all(len(r.output_tokens) == 3 for k, r in done if k != 7)
+    assert dict(done)[7].error and all(len(r.token_ids) == 3 for k, r in done if k != 7)
 
 
 def plans(engine: Engine) -> list[tuple[tuple[int, int, int, int], ...]]:
@@ -61,10 +61,10 @@ def test_jobs_match_generate(tmp_path: Path) -> None:
     assert [len(s.jobs) for s in shards] == [4, 4, 4]
     assert run_all(make_engine(), shards, out) == len(PROMPTS)
     records = {r["id"]: r for r in map(json.loads, out.getvalue().splitlines())}
-    expected = make_engine().generate(PROMPTS, SamplingParams(max_tokens=12))
+    expected = LLM(make_engine()).generate(PROMPTS, SamplingParams(max_tokens=12))
     for job, request in zip(jobs, expected, strict=True):
         record = records[job.id]
-        assert record["text"] == request.text and record["output_tokens"] == len(request.output_tokens)
+        assert record["text"] == request.text and record["output_tokens"] == len(request.token_ids)
         assert record["finish_reason"] == request.finish_reason.value
         assert set(record) == {"id", "text", "finish_reason", "prompt_tokens", "output_tokens"}
 

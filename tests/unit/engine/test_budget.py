@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from cobali.backends.base import SamplingParams
-from cobali.costs import CostProfile, Measurement
 from cobali.engine.budget import AdaptiveBudget
-from cobali.engine.costfit import OnlineCostFit
+from cobali.engine.costs import CostProfile, Measurement, OnlineCostFit, TickTerms
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.offline import LLM
 from cobali.sim.backend import SimBackend
 from tests.unit.engine.test_deadline_budget import decoding
 
@@ -31,7 +31,7 @@ def test_a_deep_prefill_gets_fewer_tokens() -> None:
     assert budget.prefill_tokens(4, 1000, prefill_depth=0) == 109
     # Resuming at position 2000, each token also attends to 2000 earlier ones: 2 + 2 = 4 ms a token.
     assert budget.prefill_tokens(4, 1000, prefill_depth=2000) == 54
-    assert deep.predict(Measurement(64, 0, 0, 0.0, prefill_kv_tokens=64 * 2000)) == pytest.approx(0.010 + 0.128 + 0.128)
+    assert deep.predict(TickTerms(64, 0, 0, prefill_kv_tokens=64 * 2000)) == pytest.approx(0.010 + 0.128 + 0.128)
 
 
 def test_no_decodes_means_the_whole_batch() -> None:
@@ -62,7 +62,7 @@ def decode_beside_a_long_prompt(costs: CostProfile, n_decode: int, prompt_len: i
     engine.add_request([5] * 10, SamplingParams(max_tokens=n_decode, ignore_eos=True))
     engine.step()
     engine.add_request([6] * prompt_len, SamplingParams(max_tokens=2, ignore_eos=True))
-    engine.run_until_done()
+    list(LLM(engine).run())
     return engine
 
 
@@ -87,7 +87,7 @@ def test_chunks_shrink_as_a_long_prompt_goes_deeper() -> None:
 def test_fit_recovers_known_coefficients() -> None:
     truth = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,
                         prefill_s_per_kv_token=3e-6)
-    points = [Measurement(p, d, d * kv, truth.predict_tick_s(p, d, d * kv, p * depth), prefill_kv_tokens=p * depth)
+    points = [Measurement(TickTerms(p, d, d * kv, p * depth), truth.predict(TickTerms(p, d, d * kv, p * depth)))
               for p in (0, 32, 256) for d in (0, 1, 8) for kv in (100, 700) for depth in (0, 500) if p or d]
     fitted = CostProfile.fit(points, device="test", source="unit")
     for name in ("t0_s", "prefill_s_per_token", "decode_s_per_row", "decode_s_per_kv_token", "prefill_s_per_kv_token"):
@@ -96,8 +96,9 @@ def test_fit_recovers_known_coefficients() -> None:
 
 def test_profile_round_trips_through_json(tmp_path) -> None:
     path = tmp_path / "p.json"
-    fitted = CostProfile.fit([Measurement(1, 0, 0, 0.01), Measurement(2, 0, 0, 0.02), Measurement(0, 1, 5, 0.03),
-                              Measurement(0, 2, 10, 0.05)], device="d", source="s")
+    fitted = CostProfile.fit([Measurement(TickTerms(1, 0, 0), 0.01), Measurement(TickTerms(2, 0, 0), 0.02),
+                              Measurement(TickTerms(0, 1, 5), 0.03), Measurement(TickTerms(0, 2, 10), 0.05)],
+                             device="d", source="s")
     fitted.save(path)
     assert CostProfile.load(path) == fitted
     with pytest.raises(ValueError, match="cannot read"):
@@ -114,7 +115,7 @@ def test_a_short_tail_rides_along_past_the_budget() -> None:
     engine.step()
     engine.add_request([6] * 100, SamplingParams(max_tokens=2, ignore_eos=True))
     engine.add_request([7] * 300, SamplingParams(max_tokens=2, ignore_eos=True))
-    engine.run_until_done()
+    list(LLM(engine).run())
     chunks = [(c.request_id, c.n_tokens) for t in engine.ticks for c in t.plan.chunks if c.n_tokens > 1]
     assert chunks[:3] == [(0, 10), (1, 100), (2, 64)]
     # The 300-token prompt: 64, 64, then 172 = 64 + 108 would end in one 108-token tick, so it halves.

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from cobali.backends.base import SamplingParams
-from cobali.costs import CostProfile
-from cobali.engine.costfit import OnlineCostFit, TickTerms
+from cobali.engine.costs import CostProfile, OnlineCostFit, TickTerms
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.offline import LLM
 from cobali.sim.backend import SimBackend
 
 TRUTH = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,
@@ -24,8 +24,8 @@ class ScaledCosts:
         self.base = base
         self.factor = 1.0
 
-    def predict_tick_s(self, *terms: int) -> float:
-        return self.factor * self.base.predict_tick_s(*terms)
+    def predict(self, terms: TickTerms) -> float:
+        return self.factor * self.base.predict(terms)
 
 
 def random_ticks(n: int, seed: int) -> list[TickTerms]:
@@ -41,8 +41,7 @@ def random_ticks(n: int, seed: int) -> list[TickTerms]:
 
 
 def seconds(costs, terms: TickTerms) -> float:
-    return costs.predict_tick_s(terms.prefill_tokens, terms.decode_rows, terms.decode_kv_tokens,
-                                terms.prefill_kv_tokens)
+    return costs.predict(terms)
 
 
 def held_out_error(fit: OnlineCostFit, costs) -> float:
@@ -56,7 +55,7 @@ def test_the_fit_converges_to_the_true_costs() -> None:
         fit.observe(terms, seconds(TRUTH, terms))
     assert fit.confident
     assert held_out_error(fit, TRUTH) < 0.01
-    assert fit.predict_tick_s(1, 0, 0) - fit.predict_tick_s(0, 0, 0) == pytest.approx(0.002, rel=0.02)
+    assert fit.predict(TickTerms(1, 0, 0)) - fit.predict(TickTerms(0, 0, 0)) == pytest.approx(0.002, rel=0.02)
 
 
 def test_it_converges_through_noise() -> None:
@@ -108,7 +107,7 @@ def test_it_follows_a_slow_drift_without_losing_confidence() -> None:
 def test_a_seeded_fit_is_confident_at_once_and_unlearns_a_wrong_seed() -> None:
     fit = OnlineCostFit(seed=TRUTH)
     assert fit.confident
-    assert fit.predict_tick_s(100, 4, 2000) == pytest.approx(TRUTH.predict_tick_s(100, 4, 2000))
+    assert fit.predict(TickTerms(100, 4, 2000)) == pytest.approx(TRUTH.predict(TickTerms(100, 4, 2000)))
     costs = ScaledCosts(TRUTH)
     costs.factor = 3.0
     for terms in random_ticks(150, seed=4):
@@ -124,7 +123,7 @@ def test_a_coefficient_no_tick_exercises_keeps_its_estimate() -> None:
     for step in range(1000):  # a long decode-only stretch says nothing about prefill
         terms = TickTerms(0, 1 + step % 16, (1 + step % 16) * (100 + step))
         fit.observe(terms, seconds(TRUTH, terms))
-    per_token = fit.predict_tick_s(1, 0, 0) - fit.predict_tick_s(0, 0, 0)
+    per_token = fit.predict(TickTerms(1, 0, 0)) - fit.predict(TickTerms(0, 0, 0))
     assert per_token == pytest.approx(0.002, rel=0.05)
     assert np.isfinite(fit.cov).all() and np.trace(fit.cov) < 100
 
@@ -132,13 +131,15 @@ def test_a_coefficient_no_tick_exercises_keeps_its_estimate() -> None:
 def serve_under_target(costs: ScaledCosts, double_at_tick: int | None = None) -> Engine:
     """One long decode beside a stream of 600-token prompts, under a 250 ms ITL target, no profile."""
     backend = SimBackend(costs, n_seq_max=4, n_batch=512)
-    engine = Engine(backend, EngineConfig(max_slots=4, n_batch=512, itl_target_ms=250), clock=backend.clock)
+    # The budget's own chunk sizes: a two-pass layout would cut a chunk beside a prompt's short tail to its length.
+    config = EngineConfig(max_slots=4, n_batch=512, itl_target_ms=250, two_pass_ticks=False)
+    engine = Engine(backend, config, clock=backend.clock)
     if double_at_tick is not None:
         engine.on_tick = lambda record: setattr(costs, "factor", 2.0 if len(engine.ticks) >= double_at_tick else 1.0)
     engine.add_request([5] * 10, SamplingParams(max_tokens=400, ignore_eos=True))
     for i in range(40):
         engine.add_request([6 + i % 50] * 600, SamplingParams(max_tokens=2, ignore_eos=True))
-    engine.run_until_done()
+    list(LLM(engine).run())
     return engine
 
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from cobali.backends.base import SamplingParams
-from cobali.costs import CostProfile
 from cobali.engine.budget import AdaptiveBudget, DeadlineBudget, FixedBudget, tick_budget
-from cobali.engine.costfit import OnlineCostFit, TickTerms
+from cobali.engine.costs import CostProfile, OnlineCostFit, TickTerms
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import Request, RequestState
+from cobali.offline import LLM
 from cobali.options import add_engine_args, engine_config
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimSpec, simulate
@@ -89,7 +89,7 @@ def test_banked_slack_never_exceeds_the_batch() -> None:
 def test_an_unconfident_fit_gets_the_minimum_chunk() -> None:
     learning = OnlineCostFit()
     for terms in (TickTerms(100, 1, 100), TickTerms(0, 1, 100), TickTerms(300, 0, 0)):
-        learning.observe(terms, PROFILE.predict_tick_s(terms.prefill_tokens, terms.decode_rows, 100))
+        learning.observe(terms, PROFILE.predict(TickTerms(terms.prefill_tokens, terms.decode_rows, 100)))
     assert not learning.confident
     request = decoding_request(100, tuple(0.01 * i for i in range(100)))
     assert deadline(100, costs=learning).tokens([request], now=1.0) == 1 + 32
@@ -121,7 +121,7 @@ def run_beside_a_long_prompt(**budget_flags: float) -> tuple[Request, list[int],
     for _ in range(10):
         engine.step()
     prompt = engine.add_request([6] * 400, SamplingParams(max_tokens=2, ignore_eos=True))
-    engine.run_until_done()
+    list(LLM(engine).run())
     chunks = [c.n_tokens for t in engine.ticks for c in t.plan.chunks if c.request_id == prompt.id and c.n_tokens > 1]
     return first, chunks, prompt.token_times[0] - prompt.arrival_time
 
@@ -146,7 +146,7 @@ def test_the_budget_learns_from_every_tick_the_engine_runs() -> None:
     engine = Engine(backend, EngineConfig(max_slots=4, n_batch=512, tpot_slo_ms=100), clock=backend.clock)
     for i in range(4):
         engine.add_request([5 + i] * (50 + 100 * i), SamplingParams(max_tokens=30, ignore_eos=True))
-    engine.run_until_done()
+    list(LLM(engine).run())
     costs = engine.scheduler.budget.costs
     assert costs.n_ticks == len(engine.ticks) and costs.confident
 

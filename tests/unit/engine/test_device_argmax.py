@@ -15,6 +15,7 @@ from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.offline import LLM
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 KINDS = {
@@ -32,7 +33,7 @@ def run(device_argmax: bool, kinds: list[str]) -> tuple[list, FakeBackend]:
     engine = Engine(backend, EngineConfig(max_slots=4, n_batch=64, prefill_chunk_tokens=5))
     requests = [engine.add_request([1 + (i * 11 + j) % 90 for j in range(8 + i)], KINDS[kind])
                 for i, kind in enumerate(kinds)]
-    engine.run_until_done()
+    list(LLM(engine).run())
     return requests, backend
 
 
@@ -59,7 +60,7 @@ def test_device_picked_tokens_change_nothing_the_host_reads() -> None:
 def test_rows_that_read_logits_are_never_marked_argmax_only(kind: str) -> None:
     backend = FakeBackend(n_seq_max=4)
     engine = Engine(backend, EngineConfig(max_slots=4, n_batch=64))
-    engine.generate([[3, 4, 5], [6, 7, 8]], KINDS[kind])
+    LLM(engine).generate([[3, 4, 5], [6, 7, 8]], KINDS[kind])
     assert backend.batches and all(
         WANT_ARGMAX not in b.want_logits for b in backend.batches), "a logits-reading row was marked WANT_ARGMAX"
 
@@ -86,6 +87,9 @@ class RecordedLlama:
 
     def llama_sampler_init_greedy(self) -> str:
         return "greedy"
+
+    def llama_sampler_init(self, iface, ctx) -> str:
+        return "logits-dropping step"
 
     def llama_sampler_chain_add(self, chain, sampler) -> None:
         pass

@@ -11,7 +11,24 @@ from cobali.backends.base import SamplingParams
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.outputs import RequestOutput
 from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.offline import LLM
+
+
+def run_to_end(engine: Engine) -> list[RequestOutput]:
+    """Every output the engine makes until it has no work left."""
+    outputs: list[RequestOutput] = []
+    while engine.has_work:
+        outputs += engine.step()
+    return outputs
+
+
+def texts_by_request(outputs: list[RequestOutput]) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for o in outputs:
+        texts[o.request_id] = texts.get(o.request_id, "") + o.text
+    return texts
 
 
 def make_engine(slots: int = 2, n_ctx_seq: int = 4096, **backend_kw) -> Engine:
@@ -20,32 +37,31 @@ def make_engine(slots: int = 2, n_ctx_seq: int = 4096, **backend_kw) -> Engine:
 
 
 def test_max_tokens_ends_with_length() -> None:
-    (r,) = make_engine().generate(["hello"], SamplingParams(max_tokens=5, ignore_eos=True))
-    assert (r.finish_reason, len(r.output_tokens), r.state) == (FinishReason.LENGTH, 5, RequestState.DONE)
-    assert len(r.token_times) == 5 and r.finish_time >= r.token_times[-1] >= r.arrival_time
+    (r,) = LLM(make_engine()).generate(["hello"], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert (r.finish_reason, len(r.token_ids), r.n_tokens, r.finished) == (FinishReason.LENGTH, 5, 5, True)
+    times = r.stats.token_times
+    assert len(times) == 5 and r.stats.finish_time >= times[-1] >= r.stats.arrival_time
 
 
 def test_eog_ends_with_stop_unless_ignored() -> None:
     engine = make_engine()
     prompts = [[1 + (i * 11) % 90 for i in range(n)] for n in range(1, 60)]
-    runs = engine.generate(prompts, SamplingParams(max_tokens=40))
-    stopped = [r for r in runs if r.finish_reason is FinishReason.STOP]
+    runs = LLM(engine).generate(prompts, SamplingParams(max_tokens=40))
+    stopped = [(p, r) for p, r in zip(prompts, runs, strict=True) if r.finish_reason is FinishReason.STOP]
     assert stopped, "the fake model emits EOG for some prompts"
-    assert all(r.output_tokens[-1] == EOG_TOKEN for r in stopped)
-    again = engine.generate([stopped[0].prompt_tokens], SamplingParams(max_tokens=40, ignore_eos=True))[0]
-    assert again.finish_reason is FinishReason.LENGTH and len(again.output_tokens) == 40
+    assert all(r.token_ids[-1] == EOG_TOKEN and r.stop_reason is None for _, r in stopped)
+    again = LLM(engine).generate([stopped[0][0]], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    assert again.finish_reason is FinishReason.LENGTH and len(again.token_ids) == 40
 
 
 def test_stop_string_ends_and_is_not_emitted() -> None:
     engine = make_engine()
-    (free,) = engine.generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True))
+    (free,) = LLM(engine).generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True))
     stop = free.text[10:12]
-    deltas: list[str] = []
-    r = engine.add_request("abc", SamplingParams(max_tokens=30, ignore_eos=True, stop=(stop,)),
-                           on_token=lambda _r, d, _n: deltas.append(d))
-    engine.run_until_done()
+    r = engine.add_request("abc", SamplingParams(max_tokens=30, ignore_eos=True, stop=(stop,)), stream_interval=1)
+    deltas = [o.text for o in run_to_end(engine)]
     cut = free.text.index(stop)
-    assert r.finish_reason is FinishReason.STOP
+    assert r.finish_reason is FinishReason.STOP and r.stop_reason == stop
     assert r.text == free.text[:cut] == "".join(deltas)
 
 
@@ -63,21 +79,19 @@ def test_text_made_at_the_end_matches_the_streamed_text() -> None:
     config = EngineConfig(max_slots=2, prefill_chunk_tokens=64, n_batch=128)
     for params in (SamplingParams(max_tokens=40), SamplingParams(max_tokens=7, ignore_eos=True)):
         quiet, streamed = (Engine(VisibleEogBackend(n_seq_max=2), config) for _ in range(2))
-        deltas: dict[int, list[str]] = {}
-        done = quiet.generate(prompts, params)
-        keep = lambda r, d, _n, into=deltas: into.setdefault(r.id, []).append(d)  # noqa: E731
-        live = [streamed.add_request(p, params, on_token=keep) for p in prompts]
-        streamed.run_until_done()
+        done = LLM(quiet).generate(prompts, params)
+        live = [streamed.add_request(p, params, stream_interval=1) for p in prompts]
+        deltas = texts_by_request(run_to_end(streamed))
         assert {r.finish_reason for r in done} == ({FinishReason.LENGTH} if params.ignore_eos else
                                                    {FinishReason.LENGTH, FinishReason.STOP})
-        assert [r.text for r in done] == [r.text for r in live] == ["".join(deltas[r.id]) for r in live]
+        assert [r.text for r in done] == [r.text for r in live] == [deltas[r.id] for r in live]
     engine = make_engine()
     r = engine.add_request("abc", SamplingParams(max_tokens=30, ignore_eos=True))
     for _ in range(5):
         engine.step()
     engine.abort(r.id)
-    engine.run_until_done()
-    assert r.finish_reason is FinishReason.ABORT and len(r.text) == len(r.output_tokens) > 0
+    (out,) = run_to_end(engine)
+    assert out.finish_reason is FinishReason.ABORT and len(out.text) == len(out.token_ids) == out.n_tokens > 0
 
 
 def test_a_stream_interval_hands_text_over_every_n_tokens_and_loses_none() -> None:
@@ -86,23 +100,23 @@ def test_a_stream_interval_hands_text_over_every_n_tokens_and_loses_none() -> No
     prompts = [[1 + (i * 7) % 90 for i in range(n)] for n in range(1, 20)]
     config = EngineConfig(max_slots=4, prefill_chunk_tokens=64, n_batch=128)
     for params in (SamplingParams(max_tokens=40), SamplingParams(max_tokens=23, ignore_eos=True)):
-        reference = Engine(VisibleEogBackend(n_seq_max=4), config).generate(prompts, params)
+        reference = LLM(Engine(VisibleEogBackend(n_seq_max=4), config)).generate(prompts, params)
         engine = Engine(VisibleEogBackend(n_seq_max=4), config)
-        calls: dict[int, list[tuple[int, str, bool]]] = {}
-        keep = lambda r, d, n, into=calls: into.setdefault(r.id, []).append((n, d, r.is_finished))  # noqa: E731
-        live = [engine.add_request(p, params, on_token=keep, stream_interval=5) for p in prompts]
-        engine.run_until_done()
+        live = [engine.add_request(p, params, stream_interval=5) for p in prompts]
+        outputs = run_to_end(engine)
         assert [r.text for r in live] == [r.text for r in reference]
         for r in live:
-            counts = [n for n, _, finished in calls[r.id] if not finished]
-            assert "".join(d for _, d, _ in calls[r.id]) == r.text and calls[r.id][-1][2]
+            mine = [o for o in outputs if o.request_id == r.id]
+            counts = [o.n_tokens for o in mine if not o.finished]
+            assert "".join(o.text for o in mine) == r.text and mine[-1].finished
+            assert [t for o in mine for t in o.token_ids] == r.output_tokens
             assert all(b - a >= 5 for a, b in itertools.pairwise(counts)), counts
             assert not counts or counts[0] == 1  # every token here has text: the first one is not held
 
 
 def test_context_full_ends_with_length() -> None:
-    (r,) = make_engine(n_ctx_seq=20).generate([list(range(1, 16))], SamplingParams(max_tokens=50, ignore_eos=True))
-    assert r.finish_reason is FinishReason.LENGTH and len(r.prompt_tokens) + len(r.output_tokens) == 20
+    (r,) = LLM(make_engine(n_ctx_seq=20)).generate([list(range(1, 16))], SamplingParams(max_tokens=50, ignore_eos=True))
+    assert r.finish_reason is FinishReason.LENGTH and r.n_prompt_tokens + len(r.token_ids) == 20
 
 
 @pytest.mark.parametrize(
@@ -113,8 +127,8 @@ def test_bad_prompts_fail_alone(prompt, message: str) -> None:
     engine = make_engine(n_ctx_seq=20)
     with pytest.raises(ValueError, match=message):
         engine.add_request(prompt)
-    bad, good = engine.generate([prompt, "ok"], SamplingParams(max_tokens=3, ignore_eos=True))
-    assert bad.state is RequestState.FAILED and message in bad.error
+    bad, good = LLM(engine).generate([prompt, "ok"], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert bad.finish_reason is FinishReason.ERROR and message in bad.error and bad.request_id < 0
     assert good.finish_reason is FinishReason.LENGTH
 
 
@@ -126,25 +140,26 @@ def test_failed_decode_fails_that_batch_only_and_engine_keeps_serving() -> None:
     engine.step()  # decode call 1 fails: both requests were in that batch
     assert a.state is b_.state is RequestState.FAILED and "injected failure" in a.error
     assert engine.slots.n_free == 2, "failed requests give their slots back"
-    (c,) = engine.generate(["third"], SamplingParams(max_tokens=4, ignore_eos=True))
+    (c,) = LLM(engine).generate(["third"], SamplingParams(max_tokens=4, ignore_eos=True))
     assert c.finish_reason is FinishReason.LENGTH
 
 
 def test_no_kv_slot_preempts_the_newest_and_outputs_are_unchanged() -> None:
     prompts = [list(range(1, 21)), list(range(2, 22))]
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    clean = make_engine().generate(prompts, params)
+    clean = LLM(make_engine()).generate(prompts, params)
     engine = make_engine(fail_on_calls={2}, fail_code=1)
-    runs = engine.generate(prompts, params)
+    runs = LLM(engine).generate(prompts, params)
     assert engine.scheduler.preemptions == 1
-    assert [r.output_tokens for r in runs] == [r.output_tokens for r in clean]
+    assert [r.token_ids for r in runs] == [r.token_ids for r in clean]
     assert all(r.finish_reason is FinishReason.LENGTH for r in runs)
+    assert [r.stats.preemptions for r in runs] == [0, 1], "the newest went back to the queue"
 
 
 def test_no_kv_slot_for_a_lone_request_fails_it() -> None:
     engine = make_engine(fail_on_calls={0}, fail_code=1)
-    (r,) = engine.generate(["alone"], SamplingParams(max_tokens=3))
-    assert r.state is RequestState.FAILED and "no KV slot" in r.error
+    (r,) = LLM(engine).generate(["alone"], SamplingParams(max_tokens=3))
+    assert r.finish_reason is FinishReason.ERROR and "no KV slot" in r.error
 
 
 def test_abort_frees_slot_and_kv_at_the_next_tick() -> None:
@@ -166,17 +181,17 @@ def test_aborting_a_queued_request_removes_it() -> None:
     queued = engine.add_request("b", SamplingParams(max_tokens=3))
     engine.step()
     engine.abort(queued.id)
-    engine.run_until_done()
+    list(LLM(engine).run())
     assert queued.finish_reason is FinishReason.ABORT and queued.output_tokens == []
 
 
 def test_seeded_sampling_is_per_request_and_reproducible() -> None:
     params = SamplingParams(max_tokens=20, temperature=1.5, seed=7, ignore_eos=True)
-    first = make_engine().generate(["x", "x"], params)
-    second = make_engine().generate(["x"], params)
-    assert first[0].output_tokens == first[1].output_tokens == second[0].output_tokens
-    greedy = make_engine().generate(["x"], SamplingParams(max_tokens=20, ignore_eos=True))[0]
-    assert greedy.output_tokens != first[0].output_tokens
+    first = LLM(make_engine()).generate(["x", "x"], params)
+    second = LLM(make_engine()).generate(["x"], params)
+    assert first[0].token_ids == first[1].token_ids == second[0].token_ids
+    greedy = LLM(make_engine()).generate(["x"], SamplingParams(max_tokens=20, ignore_eos=True))[0]
+    assert greedy.token_ids != first[0].token_ids
 
 
 def test_a_token_without_text_is_handed_over_as_it_comes() -> None:
@@ -184,17 +199,16 @@ def test_a_token_without_text_is_handed_over_as_it_comes() -> None:
     delta, as vLLM streams a chunk per token), so a client times its tokens as they come."""
     prompt = [1 + (i * 7 + 23) % 90 for i in range(8)]  # its second output token is the fake's end token
     engine = make_engine()
-    calls: list[tuple[int, str]] = []
-    request = engine.add_request(prompt, SamplingParams(max_tokens=5, ignore_eos=True),
-                                 on_token=lambda _r, delta, n: calls.append((n, delta)))
-    engine.run_until_done()
+    request = engine.add_request(prompt, SamplingParams(max_tokens=5, ignore_eos=True), stream_interval=1)
+    outputs = run_to_end(engine)
     assert request.output_tokens[1] == EOG_TOKEN
-    assert calls == [(1, "Q"), (2, ""), (3, ">"), (4, "E"), (5, "^")]
+    assert [(o.n_tokens, o.text) for o in outputs] == [(1, "Q"), (2, ""), (3, ">"), (4, "E"), (5, "^")]
+    assert [o.token_ids for o in outputs] == [(t,) for t in request.output_tokens]
 
 
 def test_stream_yields_the_final_text() -> None:
     engine = make_engine()
-    text = "".join(engine.stream("hello", SamplingParams(max_tokens=8, ignore_eos=True)))
+    text = "".join(LLM(engine).stream("hello", SamplingParams(max_tokens=8, ignore_eos=True)))
     assert len(text) == 8
 
 
@@ -231,7 +245,7 @@ def test_a_failing_sampler_fails_only_its_request() -> None:
     engine.backend.new_sampler = broken
     sampled = engine.add_request("x", SamplingParams(max_tokens=3, temperature=0.8, ignore_eos=True))
     greedy = engine.add_request("y", SamplingParams(max_tokens=3, ignore_eos=True))
-    engine.run_until_done()
+    list(LLM(engine).run())
     assert sampled.state is RequestState.FAILED and "sampler exploded" in sampled.error
     assert greedy.finish_reason is FinishReason.LENGTH and len(greedy.output_tokens) == 3
 
@@ -239,8 +253,8 @@ def test_a_failing_sampler_fails_only_its_request() -> None:
 def test_fake_sampler_survives_extreme_parameters() -> None:
     params = SamplingParams(max_tokens=5, temperature=1e-30, repetition_penalty=1e-30, top_p=1e-9, min_p=1.0,
                             ignore_eos=True, seed=1)
-    (r,) = make_engine().generate(["abc"], params)
-    assert r.finish_reason is FinishReason.LENGTH and len(r.output_tokens) == 5
+    (r,) = LLM(make_engine()).generate(["abc"], params)
+    assert r.finish_reason is FinishReason.LENGTH and len(r.token_ids) == 5
 
 
 def test_batch_rows_follow_slot_order() -> None:
@@ -260,9 +274,11 @@ def test_batch_rows_follow_slot_order() -> None:
         engine.add_request(f"prompt number {i} " * (i + 1), SamplingParams(max_tokens=n, ignore_eos=True))
     mixed = False
     while engine.has_work:
-        record = engine.step()
-        if record is None:
+        ticks = len(engine.ticks)
+        engine.step()
+        if len(engine.ticks) == ticks:
             continue
+        record = engine.ticks[-1]
         kinds = [c.kind.value for c in record.plan.chunks]
         mixed |= "decode" in kinds and "prefill" in kinds and [c.slot for c in record.plan.rows] != [
             c.slot for c in record.plan.chunks]
@@ -275,14 +291,14 @@ def test_logprobs_are_the_model_distribution_and_sorted() -> None:
     captured: list[np.ndarray] = []
     decode = engine.backend.decode
     engine.backend.decode = lambda *a: captured.append(decode(*a).copy()) or captured[-1]
-    (r,) = engine.generate(["logprob me"], SamplingParams(max_tokens=4, ignore_eos=True, logprobs=3))
-    assert [e.token for e in r.logprobs] == r.output_tokens
+    (r,) = LLM(engine).generate(["logprob me"], SamplingParams(max_tokens=4, ignore_eos=True, logprobs=3))
+    assert tuple(e.token for e in r.logprobs) == r.token_ids
     for entry, logits in zip(r.logprobs, captured, strict=True):
         expected = logits[-1] - np.log(np.exp(logits[-1] - logits[-1].max()).sum()) - logits[-1].max()
         assert entry.logprob == pytest.approx(expected[entry.token])
         assert [t for t, _ in entry.top] == list(np.argsort(-expected, kind="stable")[:3])
         assert entry.top[0] == (entry.token, pytest.approx(entry.logprob)), "greedy picks the likeliest"
-    (plain,) = make_engine().generate(["logprob me"], SamplingParams(max_tokens=4, ignore_eos=True))
-    assert plain.logprobs == [] and plain.output_tokens == r.output_tokens
+    (plain,) = LLM(make_engine()).generate(["logprob me"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert plain.logprobs == () and plain.token_ids == r.token_ids
     with pytest.raises(ValueError, match="logprobs"):
         SamplingParams(logprobs=-1)

@@ -11,6 +11,7 @@ from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv_tier import HostPrefixes, common_prefix
 from cobali.engine.plan import ForgetSaved, LoadSlot, SaveSlot
+from cobali.offline import LLM
 
 ONE = SamplingParams(max_tokens=1)
 MIB_TOKENS = 64  # the fake's KV is sized so that one MiB of host memory holds this many tokens
@@ -29,13 +30,13 @@ def prompt(n: int, seed: int) -> list[int]:
 
 def send(engine: Engine, tokens: list[int], params: SamplingParams = ONE) -> int:
     """The prompt tokens the request found cached."""
-    [request] = engine.generate([tokens], params)
+    [request] = LLM(engine).generate([tokens], params)
     return request.cached_tokens
 
 
 def saved(engine: Engine) -> list[np.ndarray]:
     """What the runner holds in host memory, decoded (the fake saves a sequence as its tokens)."""
-    return list(engine.kv_runner._saved.values())
+    return list(engine.executor.kv._saved.values())
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
@@ -43,12 +44,12 @@ def test_a_prefix_evicted_from_its_slot_is_restored_and_generates_the_same(async
     prompts = [prompt(30, s) for s in range(4)]
     long = SamplingParams(max_tokens=8, ignore_eos=True)
     engine = make_engine(async_scheduling=async_scheduling)
-    first = engine.generate([prompts[0]], long)[0].output_tokens
+    first = LLM(engine).generate([prompts[0]], long)[0].token_ids
     assert [send(engine, p) for p in prompts[1:]] == [0, 0, 0], "two slots: the first prompt's slot is taken"
     assert prompts[0] not in [engine.backend.kv[s][:30] for s in range(2)]
-    [again] = engine.generate([prompts[0]], long)
+    [again] = LLM(engine).generate([prompts[0]], long)
     assert again.cached_tokens == 29, "all but the last prompt token, from host memory"
-    assert again.output_tokens == first
+    assert again.token_ids == first
     assert engine.slots.host.hit_tokens == 29 and engine.slots.hit_tokens == 29
     off = make_engine(host_mib=0)
     assert [send(off, p) for p in prompts + prompts[:1]] == [0] * 5, "without the tier it is prefilled again"
@@ -62,7 +63,7 @@ def test_the_tier_keeps_to_its_budget_least_recently_used_first_and_frees_what_i
     host = engine.slots.host
     assert host.held_tokens == 60 and len(host) == 2
     assert sorted(s[:30].tolist() for s in saved(engine)) == sorted(prompts[2:4])
-    assert engine.kv_runner.saved_bytes == sum(s.nbytes for s in saved(engine))
+    assert engine.executor.kv.saved_bytes == sum(s.nbytes for s in saved(engine))
     assert send(engine, prompts[0]) == 0, "forgotten"
     assert send(engine, prompts[3]) == 29
 
@@ -113,8 +114,8 @@ def test_dropping_the_cached_prefixes_forgets_those_in_host_memory() -> None:
     engine.slots.drop_cached_prefixes()
     ops = engine.slots.take_kv_ops()
     assert not any(isinstance(op, SaveSlot) for op in ops) and sum(isinstance(op, ForgetSaved) for op in ops) == 2
-    engine.kv_runner.run(ops)
-    assert len(engine.slots.host) == 0 and engine.kv_runner.saved_bytes == 0 and not saved(engine)
+    engine.executor.kv.run(ops)
+    assert len(engine.slots.host) == 0 and engine.executor.kv.saved_bytes == 0 and not saved(engine)
 
 
 def test_host_prefixes_match_within_room_and_never_forget_the_entry_just_saved() -> None:

@@ -11,6 +11,7 @@ from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import ClearSlot, LoadSlot
 from cobali.engine.queue import ShortestPromptFirst, WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.offline import LLM
 
 
 def make_engine(slots: int = 4, unified_cells: int | None = None, n_batch: int = 128, chunk: int = 64,
@@ -36,7 +37,7 @@ PROMPTS = [prompt(20, s) for s in range(4)]
 
 def test_reserve_never_preempts_on_a_tight_pool() -> None:
     engine = make_engine(unified_cells=128, kv_admission="reserve", prefix_cache=False)
-    runs = engine.generate(PROMPTS, LONG)
+    runs = LLM(engine).generate(PROMPTS, LONG)
     assert engine.scheduler.preemptions == 0
     assert all(r.finish_reason is FinishReason.LENGTH for r in runs)
     # 60 tokens each, 4 blocks each: only two fit in the 8-block pool at once.
@@ -44,21 +45,21 @@ def test_reserve_never_preempts_on_a_tight_pool() -> None:
 
 
 def test_optimistic_preempts_the_newest_and_its_output_is_unchanged() -> None:
-    roomy = make_engine(prefix_cache=False).generate(PROMPTS, LONG)
+    roomy = LLM(make_engine(prefix_cache=False)).generate(PROMPTS, LONG)
     engine = make_engine(unified_cells=128, kv_admission="optimistic", prefix_cache=False)
-    runs = engine.generate(PROMPTS, LONG)
+    runs = LLM(engine).generate(PROMPTS, LONG)
     assert engine.scheduler.preemptions > 0
     first = next(t.plan for t in engine.ticks if t.plan.preempted)
     assert first.preempted == (3, 2), "newest first, until the older ones have room"
     assert first.admitted == (), "no admission in a tick that preempted"
-    assert [r.output_tokens for r in runs] == [r.output_tokens for r in roomy]
+    assert [r.token_ids for r in runs] == [r.token_ids for r in roomy]
 
 
 def test_cached_tokens_count_prompt_tokens_only() -> None:
     """Identical greedy requests on a tight pool: a preempted one comes back and reuses a twin's KV, output
     included; what it reports as cached is at most its prompt."""
     engine = make_engine(unified_cells=192, kv_admission="optimistic", prefix_cache=True)
-    runs = engine.generate([prompt(20, 1)] * 4, LONG)
+    runs = LLM(engine).generate([prompt(20, 1)] * 4, LONG)
     assert engine.scheduler.preemptions > 0
     assert max(r.cached_tokens for r in runs) == 20, "one came back to a twin holding all of its prompt and more"
 
@@ -85,9 +86,9 @@ def test_never_fitting_request_is_rejected_at_once() -> None:
 def test_prefix_hit_prefills_only_the_suffix() -> None:
     engine = make_engine(slots=2)
     system = prompt(48, 9)
-    engine.generate([system + prompt(10, 1)], SamplingParams(max_tokens=2, ignore_eos=True))
+    LLM(engine).generate([system + prompt(10, 1)], SamplingParams(max_tokens=2, ignore_eos=True))
     engine.ticks.clear()
-    engine.generate([system + prompt(10, 2)], SamplingParams(max_tokens=2, ignore_eos=True))
+    LLM(engine).generate([system + prompt(10, 2)], SamplingParams(max_tokens=2, ignore_eos=True))
     assert shape(engine)[0] == [(1, "prefill", 48, 10)]
     assert engine.slots.hit_tokens == 48 and engine.slots.queried_tokens == 116
 
@@ -106,16 +107,16 @@ def test_prefix_is_copied_from_a_running_request() -> None:
 def test_prefix_reuse_keeps_outputs_equal() -> None:
     system = prompt(40, 9)
     prompts = [system + prompt(6, s) for s in range(6)]
-    cached = make_engine(slots=3).generate(prompts, LONG)
-    plain = make_engine(slots=3, prefix_cache=False).generate(prompts, LONG)
-    assert [r.output_tokens for r in cached] == [r.output_tokens for r in plain]
+    cached = LLM(make_engine(slots=3)).generate(prompts, LONG)
+    plain = LLM(make_engine(slots=3, prefix_cache=False)).generate(prompts, LONG)
+    assert [r.token_ids for r in cached] == [r.token_ids for r in plain]
 
 
 def test_lru_cached_prefix_is_evicted_first() -> None:
     engine = make_engine(slots=3, unified_cells=96)  # 6 blocks
     a, b = prompt(30, 1), prompt(30, 2)
-    engine.generate([a], SamplingParams(max_tokens=1))
-    engine.generate([b], SamplingParams(max_tokens=1))
+    LLM(engine).generate([a], SamplingParams(max_tokens=1))
+    LLM(engine).generate([b], SamplingParams(max_tokens=1))
     assert engine.slots.cached_blocks == 4 and engine.backend.kv[0] == a and engine.backend.kv[1] == b
     c = prompt(60, 3)
     engine.add_request(c, SamplingParams(max_tokens=1))  # needs 4 blocks: one prefix must go
@@ -131,7 +132,7 @@ def test_a_full_unified_pool_spares_the_cached_prefix_the_new_request_reuses(hos
     full prefill (or, with a host tier, a save and a load back)."""
     engine = make_engine(slots=2, unified_cells=128, host_cache_mib=host_cache_mib)  # 8 blocks
     system = prompt(48, 9)
-    engine.generate([system + prompt(10, 1)], SamplingParams(max_tokens=1, ignore_eos=True))
+    LLM(engine).generate([system + prompt(10, 1)], SamplingParams(max_tokens=1, ignore_eos=True))
     assert engine.slots.cached_blocks == 4
     engine.add_request(prompt(20, 2), LONG)  # 60 tokens reserved: 4 blocks, the pool is full
     engine.step()
@@ -167,7 +168,7 @@ def test_at_idle_each_prompt_keeps_its_kv_until_every_slot_holds_one() -> None:
 
     def send(p: list[int]) -> int:
         hits = engine.slots.hit_tokens
-        engine.generate([p], SamplingParams(max_tokens=1))
+        LLM(engine).generate([p], SamplingParams(max_tokens=1))
         return engine.slots.hit_tokens - hits
 
     assert [send(p) for p in prompts[:4]] == [0] * 4
@@ -180,13 +181,13 @@ def test_at_idle_each_prompt_keeps_its_kv_until_every_slot_holds_one() -> None:
 
 
 def test_with_per_sequence_streams_a_new_request_keeps_the_running_slots_one_run_and_spares_cached_kv() -> None:
-    """llama.cpp runs one forward pass per run of consecutive seq_ids (bench/kv_streams.py): a new request takes
+    """llama.cpp runs one forward pass per run of consecutive seq_ids (bench/engine/kv_streams.py): a new request takes
     a slot beside the running ones, of those one holding no cached prefix; where each holds one, that prefix
     moves to the least recently released one's slot."""
     engine = make_engine(slots=5)
     a, b = prompt(30, 1), prompt(30, 2)
-    engine.generate([a], SamplingParams(max_tokens=1))
-    engine.generate([b], SamplingParams(max_tokens=1))
+    LLM(engine).generate([a], SamplingParams(max_tokens=1))
+    LLM(engine).generate([b], SamplingParams(max_tokens=1))
     c = engine.add_request(prompt(30, 3), LONG)
     engine.step()
     d = engine.add_request(prompt(30, 4), LONG)
@@ -207,7 +208,7 @@ def test_a_moved_prefix_keeps_its_place_in_the_release_order() -> None:
     engine = make_engine(slots=5)
     a, b, g = prompt(30, 1), prompt(30, 2), prompt(30, 3)
     for p in (a, b, g, b):  # slots 0, 1, 2, then 1 again: b is the most recently released
-        engine.generate([p], SamplingParams(max_tokens=1))
+        LLM(engine).generate([p], SamplingParams(max_tokens=1))
     for s in range(3):  # slots 3, 4, then 2: g's KV moves to slot 0 (a's, the oldest, goes)
         engine.add_request(prompt(30, 10 + s), LONG)
         engine.step()
@@ -228,7 +229,7 @@ def test_closing_a_gap_moves_the_prefix_cached_in_it_to_an_empty_slot() -> None:
     assert z.slot == 1, "z moved into the gap"
     assert engine.backend.kv[5][:30] == y.prompt_tokens, "y's KV moved to the highest empty slot, not dropped"
     hits = engine.slots.hit_tokens
-    engine.generate([y.prompt_tokens], SamplingParams(max_tokens=1))
+    LLM(engine).generate([y.prompt_tokens], SamplingParams(max_tokens=1))
     assert engine.slots.hit_tokens - hits == 29
 
 
@@ -236,7 +237,7 @@ def test_a_cached_prefix_away_from_the_running_slots_is_copied_beside_them_and_k
     engine = make_engine(slots=4)
     a = prompt(30, 1)
     for p in (a, prompt(30, 2), prompt(30, 3)):
-        engine.generate([p], SamplingParams(max_tokens=1))
+        LLM(engine).generate([p], SamplingParams(max_tokens=1))
     x = engine.add_request(prompt(30, 4), LONG)
     engine.step()
     assert x.slot == 3
@@ -292,7 +293,7 @@ def test_srpf_gives_short_prompts_their_first_token_before_a_long_one_and_change
         requests = [engine.add_request(prompt(300, 1), SamplingParams(max_tokens=3, ignore_eos=True))]
         requests += [engine.add_request(prompt(20, s), SamplingParams(max_tokens=3, ignore_eos=True))
                      for s in (2, 3, 4)]
-        engine.run_until_done()
+        list(LLM(engine).run())
         ticks = {t: i for i, t in enumerate(r.plan.tick for r in engine.ticks)}
         first_token_tick[order] = [ticks[_first_token_tick(engine, r)] for r in requests]
         outputs[order] = [r.output_tokens for r in requests]
@@ -312,7 +313,7 @@ def _policy_run(policy: str) -> list[list[tuple[int, str, int, int]]]:
         engine.add_request(prompt(2, s), SamplingParams(max_tokens=3, ignore_eos=True))
     engine.step()
     engine.add_request(prompt(12, 7), SamplingParams(max_tokens=1, ignore_eos=True))
-    engine.run_until_done()
+    list(LLM(engine).run())
     return shape(engine)
 
 

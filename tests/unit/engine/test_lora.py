@@ -15,8 +15,8 @@ from cobali.cli import main
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import Request
-from cobali.http.app import create_app
-from tests.unit.http.test_server_api import wait_healthy
+from cobali.offline import LLM
+from tests.unit.http.test_server_api import fake_app, wait_healthy
 
 PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
 PROMPT = "the cat sat on the mat and looked at the dog"  # longer than the prefix cache's shortest reuse
@@ -29,7 +29,7 @@ def engine(slots: int = 4, **config) -> Engine:
 def alone(prompt: str, lora: int) -> list[int]:
     e = engine(1)
     request = e.add_request(prompt, PARAMS, lora=lora)
-    e.run_until_done()
+    list(LLM(e).run())
     return request.output_tokens
 
 
@@ -37,7 +37,7 @@ def test_each_request_gets_its_own_adapters_outputs_in_a_mixed_load() -> None:
     e = engine()
     prompts = [f"{PROMPT} {i}" for i in range(9)]
     requests = [e.add_request(p, PARAMS, lora=i % 3) for i, p in enumerate(prompts)]
-    e.run_until_done()
+    list(LLM(e).run())
     assert len({tuple(alone(prompts[0], lora)) for lora in (0, 1, 2)}) == 3  # the adapters matter
     for request, prompt in zip(requests, prompts, strict=True):
         assert request.output_tokens == alone(prompt, request.lora), request.lora
@@ -52,7 +52,7 @@ def test_a_prefix_computed_under_an_adapter_is_reused_by_that_adapter_alone() ->
 
     def run(lora: int) -> Request:
         request = e.add_request(PROMPT, PARAMS, lora=lora)
-        e.run_until_done()
+        list(LLM(e).run())
         assert request.output_tokens == alone(PROMPT, lora), lora
         return request
 
@@ -71,7 +71,7 @@ def test_running_requests_are_copied_from_by_their_own_adapter_only() -> None:
     e.step()  # the adapter's request is decoding when two more, sharing its prompt, arrive
     base = e.add_request(PROMPT, PARAMS)
     same = e.add_request(PROMPT, PARAMS, lora=2)
-    e.run_until_done()
+    list(LLM(e).run())
     assert base.cached_tokens == 0 and base.output_tokens == alone(PROMPT, 0)
     assert same.cached_tokens > 0 and same.output_tokens == alone(PROMPT, 2)
     assert adapter.output_tokens[:12] == alone(PROMPT, 2)
@@ -88,7 +88,7 @@ def test_adapters_take_turns_and_all_finish() -> None:
     e = engine(slots=2)
     requests = [e.add_request(f"{PROMPT} {i}", SamplingParams(max_tokens=20, ignore_eos=True), lora=i % 2)
                 for i in range(6)]
-    e.run_until_done()
+    list(LLM(e).run())
     assert all(len(r.output_tokens) == 20 for r in requests)
     loras = [t.plan.lora for t in e.ticks]
     switches = sum(a != b for a, b in itertools.pairwise(loras))
@@ -108,7 +108,7 @@ def test_only_the_base_model_without_adapters() -> None:
     with pytest.raises(ValueError, match=r"LoRA adapter 1 is not loaded \(loaded: none\)"):
         e.add_request("x", PARAMS, lora=1)
     request: Request = e.add_request("x", PARAMS)
-    e.run_until_done()
+    list(LLM(e).run())
     assert e.scheduler.adapters is None and len(request.output_tokens) == 12
 
 
@@ -116,17 +116,18 @@ def test_an_engine_sets_the_adapter_whatever_another_left_on_the_backend() -> No
     backend = FakeBackend(n_seq_max=2, n_loras=2)
     first = Engine(backend, EngineConfig(max_slots=2))
     first.add_request(PROMPT, PARAMS, lora=2)
-    first.run_until_done()
+    list(LLM(first).run())
     second = Engine(backend, EngineConfig(max_slots=2))
     request = second.add_request(PROMPT, PARAMS)
-    second.run_until_done()
+    list(LLM(second).run())
     assert request.output_tokens == alone(PROMPT, 0)
 
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[TestClient]:
     factory = lambda: Engine(FakeBackend(n_seq_max=4, n_loras=2), EngineConfig(max_slots=4))  # noqa: E731
-    with TestClient(create_app(factory, "base", lora_names=("first", "second"))) as client:
+    adapters = (("first", "first.gguf"), ("second", "second.gguf"))  # loaded with the model (n_loras)
+    with TestClient(fake_app(factory, "base", lora_modules=adapters)) as client:
         wait_healthy(client)
         yield client
 

@@ -18,12 +18,13 @@ from cobali.cli import main
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import MAX_ADAPTER_INDEX, FinishReason
-from cobali.frontend.client import EngineState, EngineThread
+from cobali.frontend.client import EngineClient, EngineState
 from cobali.frontend.errors import APIError
 from cobali.frontend.generation import EngineUnavailable
-from cobali.http.app import create_app
+from cobali.http.config import ServerConfig
 from cobali.http.state import LoraNames, ServerContext
-from tests.unit.http.test_server_api import wait_healthy
+from cobali.offline import LLM
+from tests.unit.http.test_server_api import fake_app, wait_healthy
 
 PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
 PROMPT = "the cat sat on the mat and looked at the dog"
@@ -44,7 +45,7 @@ def test_an_adapter_loaded_while_serving_runs_its_requests(adapter_file: str) ->
     e = engine()
     index = e.adapters.load(adapter_file)
     base, tuned = e.add_request(PROMPT, PARAMS), e.add_request(PROMPT, PARAMS, lora=index)
-    e.run_until_done()
+    list(LLM(e).run())
     assert base.output_tokens != tuned.output_tokens
     assert {t.plan.lora for t in e.ticks} == {0, index}
     with pytest.raises(FileNotFoundError, match=r"No adapter found for .*\.missing"):
@@ -56,9 +57,9 @@ def test_an_adapter_loaded_while_serving_runs_its_requests(adapter_file: str) ->
 def cached_twice(e: Engine, lora: int) -> list[int]:
     """Runs one prompt twice under adapter `lora`: the second finds the first's prefix in the cache."""
     first = e.add_request(PROMPT, PARAMS, lora=lora)
-    e.run_until_done()
+    list(LLM(e).run())
     second = e.add_request(PROMPT, PARAMS, lora=lora)
-    e.run_until_done()
+    list(LLM(e).run())
     assert first.output_tokens == second.output_tokens and second.cached_tokens > 0
     return [first.cached_tokens, second.cached_tokens]
 
@@ -97,7 +98,7 @@ def test_an_unloaded_adapter_finishes_its_requests_then_is_freed(adapter_file: s
     with pytest.raises(ValueError, match=f"LoRA adapter {index} is not loaded"):
         e.add_request(PROMPT, PARAMS, lora=index)
     assert index in e.backend.loras  # still in use
-    e.run_until_done()
+    list(LLM(e).run())
     assert running.finish_reason is FinishReason.LENGTH and len(running.output_tokens) == 12
     assert index not in e.backend.loras and e.backend.lora == 0
 
@@ -106,14 +107,14 @@ def test_an_unused_adapter_is_freed_at_once_and_its_index_never_comes_back(adapt
     e = engine()
     first = e.adapters.load(adapter_file)
     request = e.add_request(PROMPT, PARAMS, lora=first)
-    e.run_until_done()
+    list(LLM(e).run())
     e.adapters.unload(first)
     assert first not in e.backend.loras
     again = e.adapters.load(adapter_file)
     assert again != first
     # The prefix the first one computed is not the second one's (the cache keys KV by adapter index).
     second = e.add_request(PROMPT, PARAMS, lora=again)
-    e.run_until_done()
+    list(LLM(e).run())
     assert request.cached_tokens == 0 and second.cached_tokens == 0
 
 
@@ -125,7 +126,7 @@ def test_loading_while_serving_is_refused_with_async_scheduling() -> None:
 @pytest.fixture
 def api() -> Iterator[TestClient]:
     factory = lambda: Engine(FakeBackend(n_seq_max=4, n_loras=1), EngineConfig(max_slots=4, lora_updates=True))  # noqa: E731
-    with TestClient(create_app(factory, "base", lora_names=("first",), runtime_lora=True)) as client:
+    with TestClient(fake_app(factory, "base", lora_modules=(("first", "first.gguf"),), runtime_lora=True)) as client:
         wait_healthy(client)
         yield client
 
@@ -172,7 +173,7 @@ def test_bad_loads_and_unloads_are_refused_by_name(api: TestClient, route: str, 
 
 def test_a_load_past_the_last_adapter_index_is_a_400_and_the_engine_serves_on(api: TestClient,
                                                                               adapter_file: str) -> None:
-    api.app.state.server.engine_thread.engine.backend._next_lora = MAX_ADAPTER_INDEX + 1
+    api.app.state.server.client.engine.backend._next_lora = MAX_ADAPTER_INDEX + 1
     refused = api.post("/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": adapter_file})
     assert refused.status_code == 400 and "restart the server to load more" in refused.json()["error"]["message"]
     assert complete(api, "first")["choices"][0]["text"] and api.get("/health").status_code == 200
@@ -185,7 +186,7 @@ def test_loads_and_unloads_while_the_model_loads_are_503s_that_change_no_name(ad
         gate.wait(10)
         return Engine(FakeBackend(n_seq_max=2, n_loras=1), EngineConfig(max_slots=2, lora_updates=True))
 
-    with TestClient(create_app(slow, "base", lora_names=("first",), runtime_lora=True)) as client:
+    with TestClient(fake_app(slow, "base", lora_modules=(("first", "first.gguf"),), runtime_lora=True)) as client:
         assert client.post("/v1/unload_lora_adapter", json={"lora_name": "first"}).status_code == 503
         assert client.post("/v1/load_lora_adapter",
                            json={"lora_name": "tuned", "lora_path": adapter_file}).status_code == 503
@@ -200,8 +201,8 @@ def test_loads_and_unloads_while_the_model_loads_are_503s_that_change_no_name(ad
 def test_a_load_whose_handler_is_cancelled_still_names_its_adapter(adapter_file: str) -> None:
     """The client goes away while the engine thread loads its adapter: the adapter gets its name all the same
     (else it would stay loaded with no name to use or unload it by)."""
-    app = create_app(engine, "base", runtime_lora=True)
-    thread: EngineThread = app.state.server.engine_thread
+    app = fake_app(engine, "base", runtime_lora=True)
+    thread: EngineClient = app.state.server.client
     gate = threading.Event()
 
     async def scenario() -> None:
@@ -229,7 +230,7 @@ def test_a_load_whose_handler_is_cancelled_still_names_its_adapter(adapter_file:
 
 def test_the_routes_are_off_unless_asked_for() -> None:
     factory = lambda: Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2))  # noqa: E731
-    with TestClient(create_app(factory, "base")) as client:
+    with TestClient(fake_app(factory, "base")) as client:
         wait_healthy(client)
         assert client.post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "x"}).status_code == 404
 
@@ -241,8 +242,8 @@ def test_runtime_updates_are_refused_with_replicas(capsys: pytest.CaptureFixture
 
 
 def test_a_model_unloaded_while_its_request_was_read_is_a_404_not_the_base_model() -> None:
-    server = ServerContext(engine_thread=None, metrics=None, model_name="base",  # type: ignore[arg-type]
-                           loras=LoraNames(("first",)))
+    server = ServerContext(ServerConfig(served_model_name="base"), client=None, metrics=None,  # type: ignore[arg-type]
+                           pool=None, loras=LoraNames(("first",)))
     assert (server.lora_of("first"), server.lora_of("base"), server.lora_of(None)) == (1, 0, 0)
     server.loras.index.pop("first")  # as /v1/unload_lora_adapter does, between a handler's check and its submit
     with pytest.raises(APIError) as error:
@@ -254,7 +255,7 @@ def test_a_model_unloaded_while_its_request_was_read_is_a_404_not_the_base_model
                                              ("stop", "shutting down")])
 def test_calls_waiting_for_the_engine_thread_end_with_it(ending: str, message: str) -> None:
     """A load or unload queued when the engine thread dies or stops is answered (503), never left waiting."""
-    thread = EngineThread(lambda: Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2)))
+    thread = EngineClient(lambda: Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2)))
     thread.start()
     gate = threading.Event()
 

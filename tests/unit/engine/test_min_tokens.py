@@ -15,9 +15,11 @@ from cobali.backends.base import SamplingParams
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.request import FinishReason, Request
-from cobali.http.app import create_app
-from tests.unit.http.test_server_api import fake_engine, wait_healthy
+from cobali.engine.outputs import RequestOutput
+from cobali.engine.request import FinishReason
+from cobali.offline import LLM
+from tests.unit.engine.test_engine import run_to_end
+from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 PROMPTS = [[1 + (i * 11) % 90 for i in range(n)] for n in range(1, 60)]
 
@@ -28,22 +30,23 @@ def engine(request: pytest.FixtureRequest) -> Engine:
                   EngineConfig(max_slots=4, prefill_chunk_tokens=64, n_batch=128, async_scheduling=request.param))
 
 
-def early_stopper(engine: Engine, **params) -> Request:
-    """A prompt whose output ends on the end token after a few tokens."""
-    runs = engine.generate(PROMPTS, SamplingParams(max_tokens=40, **params))
-    return next(r for r in runs if r.finish_reason is FinishReason.STOP and 2 <= len(r.output_tokens) <= 20)
+def early_stopper(engine: Engine, **params) -> tuple[list[int], RequestOutput]:
+    """A prompt whose output ends on the end token after a few tokens, and that output."""
+    runs = LLM(engine).generate(PROMPTS, SamplingParams(max_tokens=40, **params))
+    return next((p, r) for p, r in zip(PROMPTS, runs, strict=True)
+                if r.finish_reason is FinishReason.STOP and 2 <= len(r.token_ids) <= 20)
 
 
 @pytest.mark.parametrize("params", [{}, {"temperature": 0.8, "seed": 3}, {"logprobs": 2}],
                          ids=["greedy", "chain", "logprobs"])
 def test_no_end_token_before_min_tokens(engine: Engine, params: dict) -> None:
-    stopped = early_stopper(engine, **params)
-    k = len(stopped.output_tokens)  # the end token is output k: just what min_tokens=k bans (async: one stand-in)
-    (longer,) = engine.generate([stopped.prompt_tokens], SamplingParams(max_tokens=40, min_tokens=k, **params))
-    assert len(longer.output_tokens) > k
-    assert EOG_TOKEN not in longer.output_tokens[:k]
+    prompt, stopped = early_stopper(engine, **params)
+    k = len(stopped.token_ids)  # the end token is output k: just what min_tokens=k bans (async: one stand-in)
+    (longer,) = LLM(engine).generate([prompt], SamplingParams(max_tokens=40, min_tokens=k, **params))
+    assert len(longer.token_ids) > k
+    assert EOG_TOKEN not in longer.token_ids[:k]
     if "temperature" not in params:  # greedy: the same tokens up to the banned one (a draw's odds all move)
-        assert longer.output_tokens[: k - 1] == stopped.output_tokens[: k - 1]
+        assert longer.token_ids[: k - 1] == stopped.token_ids[: k - 1]
     if "logprobs" in params:  # reported from the model's own logits: the banned end token keeps its logprob
         top = dict(longer.logprobs[k - 1].top)
         assert longer.logprobs[k - 1].token != EOG_TOKEN
@@ -51,54 +54,50 @@ def test_no_end_token_before_min_tokens(engine: Engine, params: dict) -> None:
 
 
 def test_stop_token_ids_end_the_output_without_their_text(engine: Engine) -> None:
-    (free,) = engine.generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True))
-    token = free.output_tokens[6]
-    first = free.output_tokens.index(token)
-    (cut,) = engine.generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=(token,)))
+    (free,) = LLM(engine).generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True))
+    token = free.token_ids[6]
+    first = free.token_ids.index(token)
+    (cut,) = LLM(engine).generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=(token,)))
     assert cut.finish_reason is FinishReason.STOP
-    assert cut.output_tokens == free.output_tokens[: first + 1]
+    assert cut.token_ids == free.token_ids[: first + 1]
     assert free.text.startswith(cut.text) and len(cut.text) == first
     # ...but not before min_tokens.
-    (late,) = engine.generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=(token,),
+    (late,) = LLM(engine).generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=(token,),
                                                       min_tokens=first + 2))
-    assert token not in late.output_tokens[: first + 2]
+    assert token not in late.token_ids[: first + 2]
 
 
 def test_stop_strings_count_only_from_min_tokens(engine: Engine) -> None:
-    (free,) = engine.generate(["abc"], SamplingParams(max_tokens=40, ignore_eos=True))
+    (free,) = LLM(engine).generate(["abc"], SamplingParams(max_tokens=40, ignore_eos=True))
     text = free.text
     stop = next(c for c in text if text.count(c) >= 2)  # one token a character: the fake's
     first = text.index(stop)
     second = text.index(stop, first + 1)
-    assert EOG_TOKEN not in free.output_tokens[: second + 1]  # so the ban changes nothing before it
-    deltas: list[str] = []
+    assert EOG_TOKEN not in free.token_ids[: second + 1]  # so the ban changes nothing before it
     request = engine.add_request("abc", SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop,),
-                                                       min_tokens=first + 2),
-                                 on_token=lambda _r, d, _n: deltas.append(d))
-    engine.run_until_done()
+                                                       min_tokens=first + 2), stream_interval=1)
+    deltas = [o.text for o in run_to_end(engine)]
     assert request.finish_reason is FinishReason.STOP
     assert request.text == text[:second] == "".join(deltas)
     # Unstreamed, the first one is not emitted yet when min_tokens are out: it still does not count.
-    (whole,) = engine.generate(["abc"], SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop,),
+    (whole,) = LLM(engine).generate(["abc"], SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop,),
                                                        min_tokens=first + 2))
     assert whole.text == text[:second]
 
 
 def test_stop_reason_names_what_ended_it_and_the_stop_string_may_stay(engine: Engine) -> None:
-    (free,) = engine.generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True))
-    stop, token = free.text[8:10], free.output_tokens[5]
+    (free,) = LLM(engine).generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True))
+    stop, token = free.text[8:10], free.token_ids[5]
     assert free.stop_reason is None
-    deltas: list[str] = []
     kept = engine.add_request("abc", SamplingParams(max_tokens=30, ignore_eos=True, stop=("zzzz", stop),
-                                                    include_stop_str=True),
-                              on_token=lambda _r, d, _n: deltas.append(d))
-    engine.run_until_done()
+                                                    include_stop_str=True), stream_interval=1)
+    outputs = run_to_end(engine)
     cut = free.text.index(stop)
-    assert (kept.finish_reason, kept.stop_reason) == (FinishReason.STOP, stop)
-    assert kept.text == free.text[: cut + 2] == "".join(deltas)
-    (by_id,) = engine.generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=(token,)))
+    assert (outputs[-1].finish_reason, outputs[-1].stop_reason) == (FinishReason.STOP, stop)
+    assert kept.text == free.text[: cut + 2] == "".join(o.text for o in outputs)
+    (by_id,) = LLM(engine).generate(["abc"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=(token,)))
     assert by_id.stop_reason == token
-    stopped = early_stopper(engine)
+    _, stopped = early_stopper(engine)
     assert (stopped.finish_reason, stopped.stop_reason) == (FinishReason.STOP, None)
 
 
@@ -114,7 +113,7 @@ def test_bad_values_are_refused(kwargs: dict, fragment: str) -> None:
 
 
 def test_the_server_takes_them_as_vllm_extras() -> None:
-    with TestClient(create_app(fake_engine(), "fake-model")) as http:
+    with TestClient(fake_app(fake_engine(), "fake-model")) as http:
         wait_healthy(http)
         client = OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
         free = client.completions.create(model="fake-model", prompt="abc", max_tokens=12,

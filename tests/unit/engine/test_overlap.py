@@ -17,7 +17,8 @@ from cobali.engine.engine_config import EngineConfig
 from cobali.engine.overlap import SWITCH_INTERVAL_S
 from cobali.engine.plan import ChunkKind
 from cobali.engine.request import FinishReason, Request, RequestState
-from cobali.frontend.client import EngineState, EngineThread
+from cobali.frontend.client import EngineClient, EngineState
+from cobali.offline import LLM
 
 
 def make_engine(overlap: bool, slots: int = 4, chunk: int = 512, **backend_kw) -> Engine:
@@ -58,23 +59,23 @@ def test_async_scheduling_gives_the_synchronous_outputs(seed: int, chunk: int, d
     sync = make_engine(False, chunk=chunk)
     overlapped = make_engine(True, chunk=chunk, device_argmax=device_argmax)
     expected = [sync.add_request(p, params) for p, params in items]
-    sync.run_until_done()
+    list(LLM(sync).run())
     got = [overlapped.add_request(p, params) for p, params in items]
-    overlapped.run_until_done()
+    list(LLM(overlapped).run())
     assert outputs(got) == outputs(expected)
     assert any(r.finish_reason is FinishReason.STOP for r in got), "the workload must stop some requests early"
     assert overlapped.slots.n_free == 4 and not overlapped.has_work
 
 
 def test_only_a_request_that_stops_early_rides_an_extra_row() -> None:
-    (free,) = make_engine(False).generate([[9, 8, 7, 6]], SamplingParams(max_tokens=20, ignore_eos=True))
+    (free,) = LLM(make_engine(False)).generate([[9, 8, 7, 6]], SamplingParams(max_tokens=20, ignore_eos=True))
     items = [([5, 6, 7], SamplingParams(max_tokens=20, ignore_eos=True)),
              ([9, 8, 7, 6], SamplingParams(max_tokens=20, ignore_eos=True, stop=(free.text[6:8],)))]
     runs = {}
     for overlap in (False, True):
         engine = make_engine(overlap)
         requests = [engine.add_request(p, params) for p, params in items]
-        engine.run_until_done()
+        list(LLM(engine).run())
         runs[overlap] = engine, requests
     (sync, (long_s, stopped_s)), (over, (long_o, stopped_o)) = runs[False], runs[True]
     assert stopped_o.finish_reason is FinishReason.STOP and len(stopped_o.output_tokens) < 20
@@ -91,9 +92,9 @@ def test_abort_with_a_decode_in_flight_frees_the_slot_and_the_slot_serves_again(
     engine.step()
     assert victim.finish_reason is FinishReason.ABORT and engine.slots.n_free == 1
     assert len(victim.output_tokens) == len(victim.token_times), "no stand-in token is left behind"
-    (after,) = engine.generate([[3, 4, 6]], SamplingParams(max_tokens=5, ignore_eos=True))
-    (alone,) = make_engine(False, slots=1).generate([[3, 4, 6]], SamplingParams(max_tokens=5, ignore_eos=True))
-    assert after.output_tokens == alone.output_tokens
+    (after,) = LLM(engine).generate([[3, 4, 6]], SamplingParams(max_tokens=5, ignore_eos=True))
+    (alone,) = LLM(make_engine(False, slots=1)).generate([[3, 4, 6]], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert after.token_ids == alone.token_ids
 
 
 @pytest.mark.parametrize("code", [1, -3])
@@ -103,10 +104,10 @@ def test_a_failed_decode_in_flight_drops_the_plan_built_on_it(code: int) -> None
     items = workload(3)
     clean = make_engine(False)
     expected = [clean.add_request(p, params) for p, params in items]
-    clean.run_until_done()
-    engine = make_engine(True, fail_on_calls={5}, fail_code=code)
+    list(LLM(clean).run())
+    engine = make_engine(True, fail_on_calls={4}, fail_code=code)
     got = [engine.add_request(p, params) for p, params in items]
-    engine.run_until_done()
+    list(LLM(engine).run())
     failed = [r for r in got if r.state is RequestState.FAILED]
     assert bool(failed) == (code != 1) and engine.scheduler.preemptions > 0
     assert all("decode failed" in r.error for r in failed)
@@ -118,7 +119,7 @@ def test_a_failed_decode_in_flight_drops_the_plan_built_on_it(code: int) -> None
 def test_decode_rows_feed_the_token_sampled_the_tick_before() -> None:
     """The batch is filled before that token exists: the rows must get it once it does."""
     engine = make_engine(True, slots=2)
-    engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=6, ignore_eos=True))
+    LLM(engine).generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=6, ignore_eos=True))
     fed = [b.tokens for b in engine.backend.batches]
     assert all(t >= 0 for batch in fed for t in batch)
     decode_ticks = [t for t in engine.ticks if all(c.kind is ChunkKind.DECODE for c in t.plan.chunks)]
@@ -145,7 +146,7 @@ def test_async_scheduling_hands_a_token_to_its_stream_while_the_next_decode_runs
         return Engine(backend, EngineConfig(max_slots=2, n_batch=64, async_scheduling=True))
 
     async def client() -> str:
-        thread = EngineThread(factory)
+        thread = EngineClient(factory)
         thread.start()
         while thread.state is EngineState.LOADING:
             await asyncio.sleep(0.01)

@@ -9,6 +9,7 @@ from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.offline import LLM
 from tests.unit.http.test_openai_conformance import fake_logprob
 
 PROMPTS = [list(range(1, 41)), list(range(5, 33))]
@@ -23,12 +24,12 @@ def test_each_prompt_position_is_scored_once(chunk: int, fail_on_calls: set[int]
     backend = FakeBackend(n_seq_max=2, n_ctx_seq=128, n_batch=64, fail_on_calls=fail_on_calls, fail_code=1)
     engine = Engine(backend, EngineConfig(max_slots=2, prefill_chunk_tokens=chunk, n_batch=64))
     scored = SamplingParams(max_tokens=3, ignore_eos=True, prompt_logprobs=2, logprobs=0)
-    plain = Engine(FakeBackend(n_seq_max=2, n_ctx_seq=128), EngineConfig(max_slots=2)).generate(
+    plain = LLM(Engine(FakeBackend(n_seq_max=2, n_ctx_seq=128), EngineConfig(max_slots=2))).generate(
         PROMPTS, SamplingParams(max_tokens=3, ignore_eos=True))
-    runs = engine.generate(PROMPTS, scored)
+    runs = LLM(engine).generate(PROMPTS, scored)
     assert engine.scheduler.preemptions == len(fail_on_calls)
     for run, clean, prompt in zip(runs, plain, PROMPTS, strict=True):
         assert [e.token for e in run.prompt_logprobs] == prompt[1:]
         assert [e.logprob for e in run.prompt_logprobs] == pytest.approx(expected(prompt), abs=1e-5)
         assert all(len(e.top) == 2 for e in run.prompt_logprobs)
-        assert run.output_tokens == clean.output_tokens  # the extra logits rows change no sample
+        assert run.token_ids == clean.token_ids  # the extra logits rows change no sample

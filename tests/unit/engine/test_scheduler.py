@@ -8,6 +8,7 @@ from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import ChunkKind
 from cobali.engine.request import RequestState
+from cobali.offline import LLM
 
 
 def make_engine(mode: str = "cont", slots: int = 4, chunk: int = 256, n_batch: int = 512) -> Engine:
@@ -31,7 +32,7 @@ def shape(engine: Engine) -> list[list[tuple[int, str, int, int]]]:
 def test_long_prompt_is_split_256_256_188_at_chunk_256() -> None:
     engine = make_engine(chunk=256)
     engine.add_request(prompt(700), params(2))
-    engine.run_until_done()
+    list(LLM(engine).run())
     assert shape(engine) == [
         [(0, "prefill", 0, 256)],
         [(0, "prefill", 256, 256)],
@@ -49,7 +50,7 @@ def test_decodes_come_first_then_prefill_chunks_within_budget() -> None:
     engine.add_request(prompt(10, 2), params(5))
     engine.step()
     engine.add_request(prompt(600, 3), params(2))
-    engine.run_until_done()
+    list(LLM(engine).run())
     assert shape(engine)[:4] == [
         [(0, "prefill", 0, 10), (1, "prefill", 0, 10)],
         [(0, "decode", 10, 1), (1, "decode", 10, 1), (2, "prefill", 0, 256)],
@@ -90,7 +91,7 @@ def test_static_admits_nothing_until_the_whole_cohort_is_done() -> None:
     engine.add_request(prompt(4, 1), params(1))
     engine.add_request(prompt(4, 2), params(4))
     engine.add_request(prompt(4, 3), params(1))
-    engine.run_until_done()
+    list(LLM(engine).run())
     assert shape(engine) == [
         [(0, "prefill", 0, 4), (1, "prefill", 0, 4)],
         [(1, "decode", 4, 1)],
@@ -106,7 +107,7 @@ def test_seq_mode_never_has_two_requests_in_flight() -> None:
     engine = make_engine(mode="seq", slots=4, n_batch=64)
     for seed in range(4):
         engine.add_request(prompt(100, seed), params(3))
-    engine.run_until_done()
+    list(LLM(engine).run())
     for tick in engine.ticks:
         assert len({c.request_id for c in tick.plan.chunks}) == 1
     assert shape(engine)[:5] == [
@@ -130,7 +131,7 @@ def test_all_modes_produce_identical_greedy_outputs() -> None:
     outputs = {}
     for mode in ("seq", "static", "cont"):
         engine = make_engine(mode=mode, slots=3, chunk=32, n_batch=96)
-        outputs[mode] = [r.output_tokens for r in engine.generate(prompts, SamplingParams(max_tokens=12))]
+        outputs[mode] = [r.token_ids for r in LLM(engine).generate(prompts, SamplingParams(max_tokens=12))]
     assert outputs["seq"] == outputs["static"] == outputs["cont"]
     assert any(len(o) == 12 for o in outputs["seq"])
 
@@ -139,7 +140,7 @@ def test_cont_reports_no_wasted_slots_when_only_the_budget_is_short() -> None:
     engine = make_engine(chunk=256, n_batch=300)
     for seed in range(3):
         engine.add_request(prompt(200, seed), params(1))
-    engine.run_until_done()
+    list(LLM(engine).run())
     assert [t.plan.wasted_slots for t in engine.ticks] == [0] * len(engine.ticks)
 
 
@@ -152,7 +153,7 @@ def test_no_leftover_budget_goes_to_a_chunk_shorter_than_the_prefill_tile() -> N
         engine.add_request(prompt(300, 2), params(2))
         engine.step()
         assert shape(engine)[0] == expected_first_tick, f"prefill tile {tile}"
-        engine.run_until_done()
+        list(LLM(engine).run())
         # Every chunk reaches the tile: a tail that would be short takes tokens from the chunk before.
         chunks = [(c.request_id, c.n_tokens) for t in engine.ticks for c in t.plan.chunks
                   if c.kind is ChunkKind.PREFILL]
@@ -166,7 +167,7 @@ def test_a_chunk_size_below_the_prefill_tile_still_splits_prompts() -> None:
     engine = Engine(FakeBackend(n_seq_max=2, prefill_tile=65),
                     EngineConfig(max_slots=2, prefill_chunk_tokens=8, n_batch=64))
     engine.add_request(prompt(20, 1), params(2))
-    engine.run_until_done()
+    list(LLM(engine).run())
     chunks = [c.n_tokens for t in engine.ticks for c in t.plan.chunks if c.kind is ChunkKind.PREFILL]
     assert chunks == [8, 8, 4]
 
@@ -177,5 +178,5 @@ def test_the_prefill_tile_leaves_room_beside_a_full_set_of_decodes() -> None:
                     EngineConfig(max_slots=16, prefill_chunk_tokens=512, n_batch=24))
     decoders = [engine.add_request(prompt(4, seed), params(40)) for seed in range(15)]
     late = engine.add_request(prompt(30, 99), params(2))
-    engine.run_until_done()
+    list(LLM(engine).run())
     assert late.finish_time is not None and late.finish_time < min(r.finish_time for r in decoders)

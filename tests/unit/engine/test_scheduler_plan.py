@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from cobali.backends.base import BackendInfo, SamplingParams
+from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv import SlotPool
 from cobali.engine.plan import ClearSlot, CopyPrefix, Plan, TrimSlot
-from cobali.engine.policies import Balanced, ContinuousAdmission
-from cobali.engine.request import Request, RequestState
+from cobali.engine.request import Request
 from cobali.engine.scheduler import Scheduler
 
 
@@ -15,7 +15,8 @@ def make_scheduler(slots: int = 4, n_batch: int = 64, chunk: int = 64, prefix_ca
     cells = unified_cells or 256
     info = BackendInfo(n_vocab=96, n_ctx=cells if unified_cells else cells * slots, n_ctx_seq=cells,
                        n_seq_max=slots, n_batch=n_batch, kv_unified=unified_cells is not None, description="none")
-    return Scheduler(SlotPool(info, slots, prefix_cache=prefix_cache), ContinuousAdmission(chunk), n_batch, **kwargs)
+    config = EngineConfig(max_slots=slots, n_batch=n_batch, prefill_chunk_tokens=chunk, **kwargs)
+    return Scheduler(config, SlotPool(info, slots, prefix_cache=prefix_cache))
 
 
 def request(request_id: int, tokens: list[int], max_tokens: int = 1000) -> Request:
@@ -23,15 +24,12 @@ def request(request_id: int, tokens: list[int], max_tokens: int = 1000) -> Reque
 
 
 def executed(scheduler: Scheduler, plan: Plan) -> Plan:
-    """The engine's part, without a model: the chunks' tokens are in KV, and each sampling chunk yields a token."""
+    """The engine's part, without a model: each sampling chunk's token takes its stand-in (the plan counted the
+    chunks' tokens into KV as it was made)."""
     by_id = {r.id: r for r in scheduler.running}
     for chunk in plan.chunks:
-        r = by_id[chunk.request_id]
-        r.computed_tokens += chunk.n_tokens
         if chunk.yields_token:
-            r.output_tokens.append(7)
-            if r.state is RequestState.PREFILL:
-                r.transition(RequestState.DECODE)
+            by_id[chunk.request_id].add_token(7)
     return plan
 
 
@@ -102,7 +100,7 @@ def test_a_cached_prefix_is_dropped_when_the_pool_needs_its_cells() -> None:
 
 
 def test_a_capped_decode_set_rotates_so_nobody_starves() -> None:
-    scheduler = make_scheduler(slots=8, n_batch=8, chunk=8, batch=Balanced())
+    scheduler = make_scheduler(slots=8, n_batch=8, chunk=8, policy="balanced")
     for request_id in range(7):
         scheduler.add(request(request_id, [request_id + 1]))
     executed(scheduler, scheduler.schedule())  # seven one-token prompts: all decoding from now on

@@ -11,15 +11,16 @@ from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv import SlotPool
 from cobali.engine.plan import ClearSlot, MoveSlot
-from cobali.engine.policies import ContinuousAdmission
-from cobali.engine.request import Request, RequestState
+from cobali.engine.request import Request
 from cobali.engine.scheduler import Scheduler
+from cobali.offline import LLM
 
 
 def make_scheduler(slots: int = 4, unified: bool = False) -> Scheduler:
     info = BackendInfo(n_vocab=96, n_ctx=256 * slots, n_ctx_seq=256, n_seq_max=slots, n_batch=64,
                        kv_unified=unified, description="none")
-    return Scheduler(SlotPool(info, slots, compact=True), ContinuousAdmission(64), 64)
+    config = EngineConfig(max_slots=slots, n_batch=64, prefill_chunk_tokens=64)
+    return Scheduler(config, SlotPool(info, slots, compact=True))
 
 
 def decoding(scheduler: Scheduler, n: int) -> list[Request]:
@@ -27,11 +28,8 @@ def decoding(scheduler: Scheduler, n: int) -> list[Request]:
     requests = [Request(i, [5] * 8, SamplingParams(max_tokens=100, ignore_eos=True)) for i in range(n)]
     for r in requests:
         scheduler.add(r)
-    for chunk in scheduler.schedule().chunks:
-        request = requests[chunk.request_id]
-        request.computed_tokens += chunk.n_tokens
-        request.output_tokens.append(7)
-        request.transition(RequestState.DECODE)
+    for chunk in scheduler.schedule().chunks:  # planned as run: each has a stand-in for its first token
+        requests[chunk.request_id].add_token(7)
     return requests
 
 
@@ -87,7 +85,7 @@ def staggered(engine: Engine) -> list[Request]:
     """Six requests in slots 0-5, those in slots 1, 3 and 2 finishing first: each leaves a gap."""
     requests = [engine.add_request([3 + i] * (5 + i), SamplingParams(max_tokens=n, ignore_eos=True))
                 for i, n in enumerate([20, 4, 12, 7, 16, 18])]
-    engine.run_until_done()
+    list(LLM(engine).run())
     return requests
 
 

@@ -15,10 +15,11 @@ from cobali.backends.fake import FakeBackend
 from cobali.cli import main
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.outputs import RequestOutput
 from cobali.engine.request import FinishReason, Request
 from cobali.engine.speculative import NgramDrafter, SpecConfig
-from cobali.http.app import create_app
-from tests.unit.http.test_server_api import wait_healthy
+from cobali.offline import LLM
+from tests.unit.http.test_server_api import fake_app, wait_healthy
 
 PROMPTS = ["abcabcabcabc", "hello hello hello", "xyzxyz", "the cat the cat the", "qwerty", "aaaaaaaa"]
 
@@ -61,7 +62,7 @@ class Oracle:
         self.calls = 0
 
     def propose(self, request: Request, limit: int) -> tuple[int, ...]:
-        done = len(request.output_tokens)
+        done = len(request.output_tokens) - request.n_pending
         guess = list(self.references[request.id % len(self.references)][done:done + min(limit, self.n)])
         self.calls += 1
         if len(guess) >= 3 and self.calls % 2:
@@ -76,14 +77,14 @@ NO_SPEC = SpecConfig()
 
 
 def run(params: SamplingParams, spec: SpecConfig = NO_SPEC, drafter=None, slots: int = 4,
-        backend: FakeBackend | None = None, prompts: list[str] = PROMPTS) -> tuple[list[Request], Engine]:
+        backend: FakeBackend | None = None, prompts: list[str] = PROMPTS) -> tuple[list[RequestOutput], Engine]:
     engine = Engine(backend or FakeBackend(n_seq_max=slots), EngineConfig(max_slots=slots, spec=spec))
     if drafter is not None:
         engine.scheduler.drafter = drafter
-    return engine.generate(prompts, params), engine
+    return LLM(engine).generate(prompts, params), engine
 
 
-def reference(params: SamplingParams) -> list[Request]:
+def reference(params: SamplingParams) -> list[RequestOutput]:
     return run(params)[0]
 
 
@@ -96,13 +97,13 @@ def reference(params: SamplingParams) -> list[Request]:
 @pytest.mark.parametrize("device_argmax", [False, True])
 def test_guesses_keep_greedy_outputs(params: SamplingParams, device_argmax: bool) -> None:
     ref = reference(params)
-    oracle = Oracle([r.output_tokens for r in ref])
+    oracle = Oracle([r.token_ids for r in ref])
     out, engine = run(params, SpecConfig(4), oracle, backend=FakeBackend(n_seq_max=4, device_argmax=device_argmax))
-    assert [r.output_tokens for r in out] == [r.output_tokens for r in ref]
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
     assert [r.text for r in out] == [r.text for r in ref]
     assert [r.finish_reason for r in out] == [r.finish_reason for r in ref]
     assert [r.logprobs for r in out] == [r.logprobs for r in ref]
-    assert 0 < engine.n_accepted_tokens < engine.n_draft_tokens  # right and wrong guesses both ran
+    assert 0 < engine.executor.n_accepted_tokens < engine.executor.n_draft_tokens  # right and wrong guesses both ran
     assert len(engine.ticks) < len(run(params)[1].ticks)
 
 
@@ -110,57 +111,57 @@ def test_a_request_that_ends_inside_its_guesses_leaves_only_its_tokens_in_kv() -
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     prompt = PROMPTS[0] * 4  # past the prefix cache's shortest reusable prefix
     (ref,), _ = run(params, prompts=[prompt])
-    stop_id = ref.output_tokens[5]  # ends request 0 inside a tick's guesses
+    stop_id = ref.token_ids[5]  # ends request 0 inside a tick's guesses
     stopping = SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(stop_id,))
     expected = run(stopping, prompts=[prompt])[0][0]
     backend = FakeBackend(n_seq_max=4)
-    (out,), engine = run(stopping, SpecConfig(4), Oracle([ref.output_tokens], n=8), backend=backend,
+    (out,), engine = run(stopping, SpecConfig(4), Oracle([ref.token_ids], n=8), backend=backend,
                          prompts=[prompt])
-    assert out.output_tokens == expected.output_tokens and out.stop_reason == stop_id
-    assert engine.n_accepted_tokens > 0
+    assert out.token_ids == expected.token_ids and out.stop_reason == stop_id
+    assert engine.executor.n_accepted_tokens > 0
     # The slot keeps the request's prefix for reuse: exactly its tokens but the last (never fed).
     (slot_kv,) = [kv for kv in backend.kv.values() if kv]
-    assert slot_kv == out.all_tokens[:-1]
+    assert slot_kv == (backend.tokenize(prompt) + list(out.token_ids))[:-1]
     # ... and a request sharing that prefix reuses it and still decodes greedily.
-    again = engine.generate([prompt], stopping)[0]
-    assert again.cached_tokens > 0 and again.output_tokens == expected.output_tokens
+    again = LLM(engine).generate([prompt], stopping)[0]
+    assert again.cached_tokens > 0 and again.token_ids == expected.token_ids
 
 
 def test_only_greedy_requests_in_small_batches_guess() -> None:
     params = SamplingParams(max_tokens=30, ignore_eos=True)
-    refs = [r.output_tokens for r in reference(params)]
+    refs = [r.token_ids for r in reference(params)]
     # Two requests decoding together: max_batch 1 guesses never, 2 does.
     _, engine = run(params, SpecConfig(4), Oracle(refs, max_batch=1), slots=2)
-    assert engine.n_draft_tokens == 0
+    assert engine.executor.n_draft_tokens == 0
     _, engine = run(params, SpecConfig(4), Oracle(refs, max_batch=2), slots=2)
-    assert engine.n_draft_tokens > 0
+    assert engine.executor.n_draft_tokens > 0
     for other in (SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.8, seed=1),
                   SamplingParams(max_tokens=30, ignore_eos=True, min_tokens=5),
                   SamplingParams(max_tokens=30, ignore_eos=True, repetition_penalty=1.3)):
         _, engine = run(other, SpecConfig(4), Oracle(refs))
-        assert engine.n_draft_tokens == 0
+        assert engine.executor.n_draft_tokens == 0
 
 
 def test_guesses_fit_the_batch() -> None:
     params = SamplingParams(max_tokens=30, ignore_eos=True)
-    refs = [r.output_tokens for r in reference(params)]
+    refs = [r.token_ids for r in reference(params)]
     backend = FakeBackend(n_seq_max=4, n_batch=6)  # 4 decode rows leave 2 for guesses
     engine = Engine(backend, EngineConfig(max_slots=4, n_batch=6, prefill_chunk_tokens=6, spec=SpecConfig(4)))
     engine.scheduler.drafter = Oracle(refs)
-    out = engine.generate(PROMPTS, params)
-    assert [r.output_tokens for r in out] == refs
-    assert max(len(b.tokens) for b in backend.batches) <= 6 and engine.n_draft_tokens > 0
+    out = LLM(engine).generate(PROMPTS, params)
+    assert [r.token_ids for r in out] == refs
+    assert max(len(b.tokens) for b in backend.batches) <= 6 and engine.executor.n_draft_tokens > 0
 
 
 def test_no_guess_runs_past_max_tokens() -> None:
     params = SamplingParams(max_tokens=9, ignore_eos=True)
     (ref,), _ = run(params, prompts=PROMPTS[:1], slots=1)
     backend = FakeBackend(n_seq_max=1)
-    (out,), _ = run(params, SpecConfig(8), Oracle([ref.output_tokens + [5] * 20], n=8), slots=1, backend=backend,
+    (out,), _ = run(params, SpecConfig(8), Oracle([list(ref.token_ids) + [5] * 20], n=8), slots=1, backend=backend,
                     prompts=PROMPTS[:1])
-    assert out.output_tokens == ref.output_tokens
+    assert out.token_ids == ref.token_ids
     # The last output is sampled, never fed: no row at position prompt + max_tokens - 1 or later.
-    assert max(max(b.positions) for b in backend.batches) == len(out.prompt_tokens) + 9 - 2
+    assert max(max(b.positions) for b in backend.batches) == out.n_prompt_tokens + 9 - 2
 
 
 def test_no_guess_runs_past_the_context() -> None:
@@ -169,33 +170,33 @@ def test_no_guess_runs_past_the_context() -> None:
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     prompt = PROMPTS[0] * 2  # 24 tokens: 16 outputs fill the context
     (ref,), _ = run(params, prompts=[prompt], slots=1, backend=FakeBackend(n_seq_max=1, n_ctx_seq=40))
-    assert ref.finish_reason is FinishReason.LENGTH and len(ref.output_tokens) == 16
+    assert ref.finish_reason is FinishReason.LENGTH and len(ref.token_ids) == 16
     backend = FakeBackend(n_seq_max=1, n_ctx_seq=40)
-    (out,), engine = run(params, SpecConfig(8), Oracle([ref.output_tokens + [5] * 20], n=8), slots=1,
+    (out,), engine = run(params, SpecConfig(8), Oracle([list(ref.token_ids) + [5] * 20], n=8), slots=1,
                          backend=backend, prompts=[prompt])
-    assert (out.output_tokens, out.finish_reason) == (ref.output_tokens, FinishReason.LENGTH)
-    assert engine.n_accepted_tokens > 0
+    assert (out.token_ids, out.finish_reason) == (ref.token_ids, FinishReason.LENGTH)
+    assert engine.executor.n_accepted_tokens > 0
     assert max(max(b.positions) for b in backend.batches) == 40 - 2  # the last output is sampled, never fed
 
 
-def lookup_friendly_prompt(params: SamplingParams) -> tuple[list[int], list[int]]:
+def lookup_friendly_prompt(params: SamplingParams) -> tuple[list[int], tuple[int, ...]]:
     """The fake's greedy outputs rarely repeat, so the prompt carries them: its logits depend on the last three
     tokens and on the length modulo the vocabulary (96), so 96 tokens put in front change no greedy token, and
     those 96 begin with the outputs, where the drafter then finds them. Returns the prompt and its outputs."""
     prompt = FakeBackend().tokenize("the cat sat on the mat")
     (ref,), _ = run(params, prompts=[prompt], slots=1)
-    front = (ref.output_tokens + [1] * 96)[:96]
+    front = (list(ref.token_ids) + [1] * 96)[:96]
     (alone,), _ = run(params, prompts=[front + prompt], slots=1)
-    assert alone.output_tokens == ref.output_tokens  # the premise
-    return front + prompt, ref.output_tokens
+    assert alone.token_ids == ref.token_ids  # the premise
+    return front + prompt, ref.token_ids
 
 
 def test_prompt_lookup_end_to_end() -> None:
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     prompt, expected = lookup_friendly_prompt(params)
     (out,), engine = run(params, SpecConfig(3), prompts=[prompt], slots=1)
-    assert out.output_tokens == expected
-    assert engine.n_accepted_tokens > len(expected) // 2
+    assert out.token_ids == expected
+    assert engine.executor.n_accepted_tokens > len(expected) // 2
 
 
 def test_the_server_counts_guesses_in_its_metrics() -> None:
@@ -203,7 +204,7 @@ def test_the_server_counts_guesses_in_its_metrics() -> None:
     texts, kept = [], []
     for spec in (SpecConfig(), SpecConfig(3)):
         engine = lambda spec=spec: Engine(FakeBackend(n_seq_max=1), EngineConfig(max_slots=1, spec=spec))  # noqa: E731
-        with TestClient(create_app(engine, "m")) as client:
+        with TestClient(fake_app(engine, "m")) as client:
             wait_healthy(client)
             body = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0,
                                                         "ignore_eos": True}).json()
@@ -248,8 +249,8 @@ def test_cli_names_the_bad_value(flags: list[str], message: str, capsys) -> None
 def test_finish_reasons_match_with_end_tokens() -> None:
     params = SamplingParams(max_tokens=40)  # end tokens end requests, perhaps inside a tick's guesses
     ref = reference(params)
-    out, _ = run(params, SpecConfig(4), Oracle([r.output_tokens for r in ref]))
-    assert [(r.output_tokens, r.finish_reason) for r in out] == [(r.output_tokens, r.finish_reason) for r in ref]
+    out, _ = run(params, SpecConfig(4), Oracle([r.token_ids for r in ref]))
+    assert [(r.token_ids, r.finish_reason) for r in out] == [(r.token_ids, r.finish_reason) for r in ref]
     assert any(r.finish_reason is FinishReason.STOP for r in ref)
 
 
@@ -275,7 +276,7 @@ def test_per_sequence_streams_get_guesses_of_one_length(kv_unified: bool) -> Non
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     ref = reference(params)
     backend = FakeBackend(n_seq_max=4, kv_unified=kv_unified, n_ctx_seq=4096 if not kv_unified else 16384)
-    out, engine = run(params, SpecConfig(4), VaryingOracle([r.output_tokens for r in ref]), backend=backend)
-    assert [r.output_tokens for r in out] == [r.output_tokens for r in ref]
+    out, engine = run(params, SpecConfig(4), VaryingOracle([r.token_ids for r in ref]), backend=backend)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
     lengths = [{len(d) for d in t.plan.drafts.values()} for t in engine.ticks if t.plan.drafts]
     assert lengths and (max(map(len, lengths)) == 1) is not kv_unified

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cobali.engine.budget import AdaptiveBudget, StallTail
-from cobali.engine.costfit import OnlineCostFit, TickTerms
+from cobali.engine.costs import OnlineCostFit, TickTerms
 from cobali.engine.engine_config import EngineConfig
 from cobali.sim.cluster import SimItem, SimSpec, simulate
 from cobali.workloads import arrival_offsets

@@ -16,7 +16,7 @@ import pytest
 
 from cobali import cli
 from cobali.backends.fake import FakeBackend
-from cobali.costs import CostProfile
+from cobali.engine.costs import CostProfile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.harness import cli as bench_cli
@@ -169,10 +169,10 @@ def test_open_loop_submits_at_arrival_times_and_excludes_idle_from_gaps() -> Non
     offsets = (0.0, 0.08, 0.16)
     load = LoadOptions(max_new=3, ignore_eos=True, request_rate=12.5, arrival_offsets=offsets)
     run, idle_after = run_open_loop(engine, [WorkItem("abcdef", 3)] * 3, load, sleep=backend.clock.advance)
-    requests = run.requests
-    starts = [r.arrival_time - requests[0].arrival_time for r in requests]
+    stats = [o.stats for o in run.outputs]
+    starts = [s.arrival_time - stats[0].arrival_time for s in stats]
     assert starts == pytest.approx(offsets, abs=1e-9)
-    assert all(r.first_scheduled_time >= r.arrival_time and len(r.output_tokens) == 3 for r in requests)
+    assert all(s.first_scheduled_time >= s.arrival_time and s.n_output_tokens == 3 for s in stats)
     assert run.wall_s >= 0.16
     assert idle_after, "the engine must have idled between the spaced arrivals"
     # The 80 ms waits are not host overhead: with them excluded, no gap is left.

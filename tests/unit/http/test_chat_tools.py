@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import openai
@@ -18,10 +19,9 @@ from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.chat_template import ChatPrompter, JinjaChatTemplate
-from cobali.frontend.tool_calls import ToolCallStream, parse_tool_calls
-from cobali.http.app import create_app
+from cobali.frontend.parsers.tools import DEFAULT_TOOL_PARSER, TOOL_PARSERS
 from cobali.http.protocol.chat import ChatCompletionRequest
-from tests.unit.http.test_server_api import wait_healthy
+from tests.unit.http.test_server_api import fake_app, wait_healthy
 
 END_OF_PROMPT = "~"  # the template's last character: the script starts after it
 TEMPLATE = ("{% for m in messages %}{% if m.role == 'bogus' %}{{ raise_exception('no bogus here') }}{% endif %}"
@@ -37,25 +37,28 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 @dataclass
 class ScriptedBackend(FakeBackend):
-    """Greedy output is `script`, then end of generation."""
+    """Greedy output is `script`, then end of generation; the script starts after the last `end_of_prompt`."""
 
     script: str = ""
+    end_of_prompt: str = END_OF_PROMPT
 
     def _logits_after(self, history: list[int]) -> np.ndarray:
         text = "".join(self.token_bytes(t).decode() for t in history)
-        written = len(text) - 1 - text.rindex(END_OF_PROMPT)
+        written = len(text) - text.rindex(self.end_of_prompt) - len(self.end_of_prompt)
         target = self.tokenize(self.script[written])[0] if written < len(self.script) else EOG_TOKEN
         logits = np.zeros(self.n_vocab, dtype=np.float32)
         logits[target] = 100.0  # whatever the temperature
         return logits
 
 
-def scripted_client(script: str) -> Iterator[OpenAI]:
+def scripted_client(script: str, template: str = TEMPLATE, end_of_prompt: str = END_OF_PROMPT,
+                    **server: Any) -> Iterator[OpenAI]:
+    """An SDK client of an app over the scripted backend; server: more of the server's config."""
     def engine() -> Engine:
-        return Engine(ScriptedBackend(n_seq_max=2, n_ctx_seq=512, n_batch=512, script=script),
-                      EngineConfig(max_slots=2, n_batch=512))
+        return Engine(ScriptedBackend(n_seq_max=2, n_ctx_seq=512, n_batch=512, script=script,
+                                      end_of_prompt=end_of_prompt), EngineConfig(max_slots=2, n_batch=512))
 
-    with TestClient(create_app(engine, "fake-model", chat_template=TEMPLATE)) as http:
+    with TestClient(fake_app(engine, "fake-model", chat_template=template, **server)) as http:
         wait_healthy(http)
         yield OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
 
@@ -137,15 +140,19 @@ BOOK = {"type": "function", "function": {"name": "book_table", "parameters": {"t
 @pytest.mark.parametrize(("tool_choice", "names"), [
     ("auto", None), ("none", None), ("required", {"get_weather", "book_table"}),
     ({"type": "function", "function": {"name": "book_table"}}, {"book_table"})])
-def test_a_forced_tool_choice_constrains_generation_by_grammar(tool_choice, names: set[str] | None) -> None:
-    """The fake backend ignores grammars: the real model's test checks the calls they produce."""
-    grammar = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=[WEATHER, BOOK],
-                                    tool_choice=tool_choice).sampling_grammar()
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+def test_a_forced_tool_choice_is_held_to_the_models_own_call_format(tool_choice, names: set[str] | None,
+                                                                    parser: str) -> None:
+    """The real model's test checks the calls a grammar produces; here, which grammar a request gets."""
+    functions = [("get_weather", WEATHER["function"]["parameters"]), ("book_table", BOOK["function"]["parameters"])]
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=[WEATHER, BOOK],
+                                    tool_choice=tool_choice)
+    grammar = request.for_model_writing(TOOL_PARSERS[parser]).sampling_grammar()
     if names is None:
         assert grammar is None
     else:
-        assert grammar is not None and "<tool_call>" in grammar
-        assert {n for n in ("get_weather", "book_table") if f'\\"{n}\\"' in grammar} == names
+        chosen = [(name, schema) for name, schema in functions if name in names]
+        assert grammar == TOOL_PARSERS[parser].forced_call_grammar(chosen, parallel=True)
 
 
 def test_streamed_tool_calls(calling: OpenAI) -> None:
@@ -188,15 +195,16 @@ def test_bad_tool_requests_are_400(chatting: OpenAI, body: dict, fragment: str) 
     ("Just text {with braces}", "Just text {with braces}", []),
 ])
 def test_tool_call_formats(text: str, content: str | None, calls: list) -> None:
-    parsed_content, parsed = parse_tool_calls(text, {"get_weather"})
+    parsed_content, parsed = DEFAULT_TOOL_PARSER.parse(text, {"get_weather"})
     assert parsed_content == content
     assert [(c.name, json.loads(c.arguments)) for c in parsed] == calls
 
 
 def test_a_stream_sends_plain_text_at_once_and_holds_what_may_be_a_call() -> None:
-    stream = ToolCallStream({"get_weather"})
-    assert [stream.push(piece) for piece in ["It is ", "warm", " <tool", "_call>{}"]] == ["It is ", "warm", " ", ""]
-    assert stream.finish() == ("<tool_call>{}", [])  # not a call after all: the held text is sent
+    stream = DEFAULT_TOOL_PARSER.stream({"get_weather"})
+    pieces = ["It is ", "warm", " <tool", "_call>{}"]
+    assert [stream.feed(piece).content for piece in pieces] == ["It is ", "warm", " ", ""]
+    assert stream.finish().content == "<tool_call>{}"  # not a call after all: the held text is sent
 
 
 def test_without_a_jinja_template_the_backend_matcher_serves_and_tools_are_refused(
@@ -206,3 +214,39 @@ def test_without_a_jinja_template_the_backend_matcher_serves_and_tools_are_refus
     assert fallback.prompt([{"role": "user", "content": "x"}]) == "matched 1"
     with pytest.raises(ValueError, match="tools need a Jinja chat template"):
         fallback.prompt([{"role": "user", "content": "x"}], tools=[WEATHER])
+
+
+CODE_AND_JSON = ('Use `x = {"a": [1, 2]}` or <b>{"name": "get_weather"}</b> and [3]; '
+                 "that is all there is to it, really.")
+
+
+def test_with_tools_on_text_with_code_and_json_streams_as_it_comes() -> None:
+    for client in scripted_client(CODE_AND_JSON):
+        chunks = list(ask(client, tools=[WEATHER], stream=True))
+    content = [c.choices[0].delta.content or "" for c in chunks]
+    assert "".join(content) == CODE_AND_JSON and chunks[-1].choices[0].finish_reason == "stop"
+    # Every character but a possible call's opening is sent in the chunk of its own token: "that is all" comes
+    # long before the reply ends, though the text opened a brace, a bracket and a tag before it.
+    arrived = next(i for i in range(len(content)) if "that is all" in "".join(content[:i + 1]))
+    assert arrived < len(chunks) - 20
+
+
+MISTRAL_TEMPLATE = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% for c in m.tool_calls or [] %}"
+                    "[TOOL_CALLS]{{ c.function.name }}[ARGS]{{ c.function.arguments | tojson }}{% endfor %}"
+                    "{% endfor %}{% if add_generation_prompt %}" + END_OF_PROMPT + "{% endif %}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_is_written_and_read_in_the_templates_own_format(stream: bool) -> None:
+    """The fake samples its script and the grammar checks each token: a Mistral call passes only the Mistral
+    grammar, which a Mistral template's request gets."""
+    for client in scripted_client('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', MISTRAL_TEMPLATE):
+        reply = ask(client, tools=[WEATHER], tool_choice="required", stream=stream)
+        if stream:
+            calls = [call for chunk in reply for call in chunk.choices[0].delta.tool_calls or []]
+        else:
+            assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+            calls = reply.choices[0].message.tool_calls
+    [call] = calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert len(call.id) == 9  # Mistral's own ids

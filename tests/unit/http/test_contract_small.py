@@ -20,13 +20,13 @@ from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import SALT_KEYS, Request
 from cobali.frontend.client import ENGINE_FAILED
-from cobali.http.app import create_app
 from cobali.http.protocol.bodies import unencodable_text
 from cobali.http.run_batch import BatchLine, read_batch
+from cobali.offline import LLM
 from tests.unit.engine.test_host_kv import make_engine, prompt
 from tests.unit.http.test_run_batch import run as run_lines
 from tests.unit.http.test_run_batch import write as write_lines
-from tests.unit.http.test_server_api import fake_engine, wait_healthy
+from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 LONE = "\ud800"  # a lone high surrogate: JSON's "\ud800" parses to it, UTF-8 cannot encode it
 CHAT = [{"role": "user", "content": "hi"}]
@@ -40,7 +40,7 @@ def lora_engine() -> Engine:
 
 @pytest.fixture
 def api() -> Iterator[TestClient]:
-    with TestClient(create_app(lora_engine, "base", runtime_lora=True)) as client:
+    with TestClient(fake_app(lora_engine, "base", runtime_lora=True)) as client:
         wait_healthy(client)
         yield client
 
@@ -75,7 +75,7 @@ def post_json(client: TestClient, path: str, body: dict) -> dict:
 ])
 def test_a_lone_surrogate_anywhere_is_a_400_naming_its_field_before_any_work(
         api: TestClient, monkeypatch: pytest.MonkeyPatch, path: str, body: dict, param: str | None) -> None:
-    thread = api.app.state.server.engine_thread
+    thread = api.app.state.server.client
     work: list[str] = []
     monkeypatch.setattr(thread, "submit", lambda *a, **k: work.append("submit"))
     monkeypatch.setattr(thread, "call", lambda *a, **k: work.append("call"))
@@ -104,7 +104,7 @@ def test_a_batch_line_with_a_lone_surrogate_is_its_400_or_refused_before_the_bat
 
 @pytest.mark.parametrize("api_key", [None, KEY])
 def test_the_docs_need_the_api_key_when_there_is_one(api_key: str | None) -> None:
-    with TestClient(create_app(fake_engine(), "m", api_keys=(api_key,) if api_key else ())) as client:
+    with TestClient(fake_app(fake_engine(), "m", api_keys=(api_key,) if api_key else ())) as client:
         wait_healthy(client)  # /health stays open
         for path in ("/docs", "/redoc", "/openapi.json"):
             bare, wrong = client.get(path), client.get(path, headers={"Authorization": "Bearer nope"})
@@ -119,7 +119,7 @@ def test_a_failed_engine_is_reported_without_its_internals(caplog: pytest.LogCap
     def broken() -> Engine:
         raise RuntimeError("cannot open /srv/secret/model.gguf: bad magic")
 
-    with caplog.at_level(logging.ERROR, "cobali.http"), TestClient(create_app(broken, "m")) as client:
+    with caplog.at_level(logging.ERROR, "cobali.http"), TestClient(fake_app(broken, "m")) as client:
         deadline = time.monotonic() + 10
         while "loading" in client.get("/health").text:
             assert time.monotonic() < deadline
@@ -189,7 +189,7 @@ def test_salted_keys_never_equal_unsalted_or_other_salts_keys() -> None:
 def test_a_salt_shares_cached_slots_only_with_itself() -> None:
     engine = make_engine(slots=4, host_mib=0)
     p = prompt(30, 1)
-    sent = [engine.generate([p], salted(s))[0].cached_tokens for s in ("a", "b", None, "a", "b", None)]
+    sent = [LLM(engine).generate([p], salted(s))[0].cached_tokens for s in ("a", "b", None, "a", "b", None)]
     assert sent == [0, 0, 0, 29, 29, 29]
 
 
@@ -202,7 +202,7 @@ def test_a_salt_shares_no_running_request_s_kv() -> None:
         engine.step()  # prefilled and decoding: its KV is a source for a request admitted now
         assert first.computed_tokens >= 30 and not first.is_finished
         later = engine.add_request(p, salted(second))
-        engine.run_until_done()
+        list(LLM(engine).run())
         assert later.cached_tokens == expected, second
 
 
@@ -210,9 +210,9 @@ def test_a_salt_restores_no_other_salt_s_prefix_from_host_memory() -> None:
     engine = make_engine(slots=2)
     prompts = [prompt(30, s) for s in range(3)]
     for p in prompts:
-        engine.generate([p], salted("a"))
+        LLM(engine).generate([p], salted("a"))
     assert len(engine.slots.host) >= 1, "the first prompt's KV went to host memory"
-    assert engine.generate([prompts[0]], salted("b"))[0].cached_tokens == 0
-    assert engine.generate([prompts[0]], salted(None))[0].cached_tokens == 0
-    assert engine.generate([prompts[0]], salted("a"))[0].cached_tokens == 29
+    assert LLM(engine).generate([prompts[0]], salted("b"))[0].cached_tokens == 0
+    assert LLM(engine).generate([prompts[0]], salted(None))[0].cached_tokens == 0
+    assert LLM(engine).generate([prompts[0]], salted("a"))[0].cached_tokens == 29
     assert engine.slots.host.hit_tokens == 29

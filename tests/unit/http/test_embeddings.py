@@ -12,13 +12,12 @@ from fastapi.testclient import TestClient
 from openai import OpenAI
 
 from cobali.backends.fake import FakeBackend
-from cobali.http.app import create_app
-from tests.unit.http.test_server_api import N_CTX_SEQ, fake_engine, wait_healthy
+from tests.unit.http.test_server_api import N_CTX_SEQ, fake_app, fake_engine, wait_healthy
 
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[OpenAI]:
-    with TestClient(create_app(fake_engine(), "fake-model")) as http:
+    with TestClient(fake_app(fake_engine(), "fake-model")) as http:
         wait_healthy(http)
         yield OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
 

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from cobali.http.app import create_app
-from tests.unit.http.test_server_api import N_CTX_SEQ, fake_engine, wait_healthy
+from tests.unit.http.test_server_api import N_CTX_SEQ, fake_app, fake_engine, wait_healthy
 from tests.unit.http.test_server_live import live_server
 
 JSON = {"content-type": "application/json"}
@@ -82,7 +81,7 @@ ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 @pytest.fixture(scope="module")
 def hostile_api() -> Iterator[TestClient]:
     """One server for the whole corpus: what one case does must not break the next."""
-    with TestClient(create_app(fake_engine(), "fake-model")) as client:
+    with TestClient(fake_app(fake_engine(), "fake-model")) as client:
         wait_healthy(client)
         yield client
 

@@ -13,8 +13,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cobali.http.app import create_app
-from tests.unit.http.test_server_api import fake_engine, wait_healthy
+from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 json_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20)
 json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4)
@@ -49,7 +48,7 @@ bodies = st.fixed_dictionaries({}, optional=FIELDS) | json_value
 
 @pytest.fixture(scope="module")
 def fuzz_api() -> Iterator[TestClient]:
-    with TestClient(create_app(fake_engine(), "fake-model")) as client:
+    with TestClient(fake_app(fake_engine(), "fake-model")) as client:
         wait_healthy(client)
         yield client
 

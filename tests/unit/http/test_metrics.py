@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from cobali.backends.base import SamplingParams
-from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.engine.outputs import RequestOutput, RequestStats
+from cobali.engine.request import FinishReason
 from cobali.http.prometheus import BulkHistogram
 from cobali.latency import (
     distribution,
@@ -20,19 +20,17 @@ from cobali.latency import (
 
 
 def finished_request(prompt_len: int, token_times: list[float], arrival: float = 10.0,
-                     scheduled: float = 10.5, error: str | None = None) -> Request:
-    request = Request(0, list(range(1, prompt_len + 1)), SamplingParams(), arrival_time=arrival)
-    request.first_scheduled_time = scheduled
-    request.transition(RequestState.PREFILL)
-    request.output_tokens = [5] * len(token_times)
-    request.token_times = list(token_times)
-    request.finish(FinishReason.ERROR if error else FinishReason.LENGTH, token_times[-1], error)
-    return request
+                     scheduled: float = 10.5, error: str | None = None) -> RequestOutput:
+    """A request's final output, ending with its last token."""
+    n = len(token_times)
+    stats = RequestStats(arrival, scheduled, tuple(token_times), token_times[-1], prompt_len, n, 0, 0)
+    return RequestOutput(0, "", (5,) * n, n, (), True, prompt_len, 0, stats=stats, error=error,
+                         finish_reason=FinishReason.ERROR if error else FinishReason.LENGTH)
 
 
 def test_request_timing_from_known_timestamps() -> None:
     # Arrives at 10.0, scheduled at 10.5, tokens at 11.0, 11.1, 11.3, 11.6, finishes with the last token.
-    t = request_timing(finished_request(3, [11.0, 11.1, 11.3, 11.6]))
+    t = request_timing(finished_request(3, [11.0, 11.1, 11.3, 11.6]).stats)
     assert t.ttft_ms == pytest.approx(1000.0)
     assert t.queue_ms == pytest.approx(500.0)
     assert t.itl_ms == pytest.approx((100.0, 200.0, 300.0))
@@ -41,7 +39,7 @@ def test_request_timing_from_known_timestamps() -> None:
 
 
 def test_one_token_has_ttft_but_no_tpot_or_itl() -> None:
-    t = request_timing(finished_request(3, [10.25]))
+    t = request_timing(finished_request(3, [10.25]).stats)
     assert t.ttft_ms == pytest.approx(250.0)
     assert t.tpot_ms is None and t.itl_ms == ()
 
@@ -87,9 +85,9 @@ def test_summarize_counts_throughput_and_pools_itl_across_requests() -> None:
 def test_summarize_equals_summarize_timings_over_request_timings() -> None:
     requests = [finished_request(3, [11.0, 11.1, 11.3]), finished_request(2, [10.4], error="boom")]
     direct = summarize(requests, wall_s=1.5, user_cpu_s=0.5)
-    via = summarize_timings([request_timing(r) for r in requests], prompt_tokens=5, generated_tokens=4,
+    via = summarize_timings([request_timing(r.stats) for r in requests], prompt_tokens=5, generated_tokens=4,
                             failed=1, wall_s=1.5, user_cpu_s=0.5)
-    assert direct == via
+    assert direct == {**via, "preemptions": 0, "cached_tokens": 0}
     assert direct["failed"] == 1
 
 

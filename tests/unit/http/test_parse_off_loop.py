@@ -14,15 +14,16 @@ from fastapi.testclient import TestClient
 
 from cobali.frontend import request_limits
 from cobali.http import parse
-from cobali.http.app import create_app
 from cobali.http.routes import completions as openai_routes
 from cobali.http.routes import tokenize as tokenizer_routes
-from tests.unit.http.test_server_api import fake_engine, wait_healthy
+from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 BODIES = {
     "/v1/completions": {"prompt": "hi", "max_tokens": 1},
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
     "/v1/responses": {"input": "hi", "max_output_tokens": 1},
+    "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]},
     "/v1/embeddings": {"input": "hi"},
     "/tokenize": {"messages": [{"role": "user", "content": "hi"}], "tools": [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
@@ -55,7 +56,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, list
     monkeypatch.setattr(parse, "validated", _recording(calls, "parse", parse.validated))
     monkeypatch.setattr(openai_routes, "check_request", _recording(calls, "check_request", openai_routes.check_request))
     monkeypatch.setattr(tokenizer_routes, "check_tools", _recording(calls, "check_tools", request_limits.check_tools))
-    with TestClient(create_app(fake_engine(), "fake-model", runtime_lora=True)) as client:
+    with TestClient(fake_app(fake_engine(), "fake-model", runtime_lora=True)) as client:
         wait_healthy(client)
         yield client, calls
 
@@ -80,7 +81,8 @@ def test_every_post_route_parses_its_body_off_the_event_loop(recorded) -> None:
             "components"]["schemas"], f"{path}'s body is not described in /openapi.json"
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                                  "/tokenize"])
 def test_the_limit_checks_that_measure_the_body_run_off_the_event_loop(recorded, path: str) -> None:
     client, calls = recorded
     assert client.post(path, json=BODIES[path]).status_code < 500  # the fake's template may refuse the tools

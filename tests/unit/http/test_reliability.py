@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def soak_module() -> ModuleType:
-    """bench/soak.py is a script, not part of the package: load it by path (registered, for dataclasses)."""
+    """bench/serving/soak.py is a script, not part of the package: load it by path (registered, for dataclasses)."""
     if "cobali_bench_soak" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("cobali_bench_soak", ROOT / "bench" / "soak.py")
+        spec = importlib.util.spec_from_file_location("cobali_bench_soak", ROOT / "bench" / "serving" / "soak.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
@@ -38,7 +38,7 @@ soak = soak_module()
 
 
 def engine_of(server) -> Engine:
-    engine = server.config.app.state.server.engine_thread.engine
+    engine = server.config.app.state.server.client.engine
     assert engine is not None
     return engine
 

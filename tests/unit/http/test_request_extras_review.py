@@ -13,15 +13,14 @@ from fastapi.testclient import TestClient
 from openai import OpenAI
 
 from cobali.engine.detok import TextStream
-from cobali.http.app import create_app
-from tests.unit.http.test_server_api import N_CTX_SEQ, fake_engine, wait_healthy
+from tests.unit.http.test_server_api import N_CTX_SEQ, fake_app, fake_engine, wait_healthy
 
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
 def client(request: pytest.FixtureRequest) -> Iterator[OpenAI]:
-    with TestClient(create_app(fake_engine(async_scheduling=request.param), "fake-model")) as http:
+    with TestClient(fake_app(fake_engine(async_scheduling=request.param), "fake-model")) as http:
         wait_healthy(http)
         yield OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
 

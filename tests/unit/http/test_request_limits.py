@@ -22,10 +22,9 @@ from cobali.engine.detok import TextStream
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.request_limits import PreprocessLimits, RequestLimits
-from cobali.http.app import create_app
 from cobali.http.flags import add_run_batch_args, add_serve_args, run_batch_config, server_config
 from cobali.structured.limits import GrammarLimits
-from tests.unit.http.test_server_api import fake_engine, wait_healthy
+from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 LIMITS = RequestLimits(max_choices=3, max_logprobs=4, max_prompt_logprobs=8, max_stop_strings=2,
                        max_stop_string_chars=5, max_tools=2, max_tools_bytes=300, max_logit_bias=3,
@@ -110,7 +109,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def limited() -> Iterator[TestClient]:
-    app = create_app(fake_engine(), "m", chat_template=TEMPLATE, limits=LIMITS,
+    app = fake_app(fake_engine(), "m", chat_template=TEMPLATE, limits=LIMITS,
                      grammar=GrammarLimits(max_bytes=GRAMMAR_BYTES))
     with TestClient(app) as client:
         wait_healthy(client)
@@ -162,7 +161,7 @@ class SlowBackend(FakeBackend):
 
 
 def pooled_app(backend: SlowBackend, slots: int = 4, **create) -> FastAPI:
-    return create_app(lambda: Engine(backend, EngineConfig(max_slots=slots, n_batch=64)), "m", **create)
+    return fake_app(lambda: Engine(backend, EngineConfig(max_slots=slots, n_batch=64)), "m", **create)
 
 
 @contextlib.asynccontextmanager
@@ -274,7 +273,7 @@ def test_the_flags_set_the_limits() -> None:
 
 
 def test_a_raised_logprobs_limit_lets_more_through() -> None:
-    app = create_app(fake_engine(), "m", limits=RequestLimits(max_logprobs=30))
+    app = fake_app(fake_engine(), "m", limits=RequestLimits(max_logprobs=30))
     with TestClient(app) as client:
         wait_healthy(client)
         reply = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logprobs": 30})

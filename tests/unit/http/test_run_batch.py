@@ -17,10 +17,10 @@ from cobali.cli import build_parser, main
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.http import run_batch as run_batch_module
-from cobali.http.app import create_app
 from cobali.http.flags import run_batch_config
 from cobali.http.run_batch import BatchLine, read_batch, run_batch, run_batch_file
 from cobali.options import engine_setup
+from tests.unit.http.test_server_api import fake_app
 
 LINES = [
     {"custom_id": "chat-1", "method": "POST", "url": "/v1/chat/completions",
@@ -38,7 +38,7 @@ def write(path: Path, lines: list) -> Path:
 
 
 def run(lines: list[BatchLine], concurrency: int = 2) -> dict[str, dict]:
-    app = create_app(lambda: Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2)), "m", max_queue=None)
+    app = batch_app()
     out = io.StringIO()
     assert asyncio.run(run_batch(app, lines, out, concurrency)) == len(lines)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -88,15 +88,15 @@ def test_a_model_that_cannot_load_ends_the_batch_with_its_error() -> None:
     def broken() -> Engine:
         raise ValueError("could not load a GGUF model from x.gguf")
 
-    app = create_app(broken, "m", max_queue=None)
+    app = fake_app(broken, "m", max_queue=None)
     line = BatchLine("a", "/v1/completions", {"prompt": "x"})
     with pytest.raises(ValueError, match=r"loading failed: could not load a GGUF model from x\.gguf"):
         asyncio.run(asyncio.wait_for(run_batch(app, [line], io.StringIO(), 1), 10))
 
 
-def fake_app(crash: str | None = None) -> FastAPI:
+def batch_app(crash: str | None = None) -> FastAPI:
     """The server on the fake backend; with `crash`, that route raises (a bug's 500) for every line."""
-    app = create_app(lambda: Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2)), "m", max_queue=None)
+    app = fake_app(lambda: Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2)), "m", max_queue=None)
     if crash is not None:
         def boom() -> None:
             raise RuntimeError("a bug")
@@ -110,7 +110,7 @@ def test_a_route_that_raises_is_its_lines_500_and_the_batch_goes_on(tmp_path: Pa
         {"custom_id": f"more-{i}", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 2}}
         for i in range(4)]))
     out = io.StringIO()
-    assert asyncio.run(asyncio.wait_for(run_batch(fake_app(crash="/v1/chat/completions"), lines, out, 2), 10)) == 6
+    assert asyncio.run(asyncio.wait_for(run_batch(batch_app(crash="/v1/chat/completions"), lines, out, 2), 10)) == 6
     results = {r["custom_id"]: r["response"] for r in map(json.loads, out.getvalue().splitlines())}
     assert len(results) == 6 and results["chat-1"]["status_code"] == 500
     assert results["chat-1"]["body"]["error"]["type"] == "server_error"
@@ -127,15 +127,15 @@ def test_server_errors_fail_the_command_and_run_again_on_a_rerun(tmp_path: Path,
     """A 5xx (the engine failed, a bug) is not the line's answer: exit 1, and a rerun runs it again and keeps
     one result a line. A 4xx is: kept, as in vLLM."""
     source, output = write(tmp_path / "in.jsonl", LINES[:3]), tmp_path / "out.jsonl"
-    assert run_file(monkeypatch, fake_app(crash="/v1/chat/completions"), source, output) == 1
+    assert run_file(monkeypatch, batch_app(crash="/v1/chat/completions"), source, output) == 1
     assert "1 of 3 requests failed with a server error (5xx), the first 'chat-1'" in capsys.readouterr().err
-    assert run_file(monkeypatch, fake_app(), source, output) == 0
+    assert run_file(monkeypatch, batch_app(), source, output) == 0
     assert "3 requests, 2 already in" in capsys.readouterr().out
     results = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted(r["custom_id"] for r in results) == ["bad-1", "chat-1", "text-1"]
     assert {r["custom_id"]: r["response"]["status_code"] for r in results} == {"bad-1": 400, "chat-1": 200,
                                                                                "text-1": 200}
-    assert run_file(monkeypatch, fake_app(), source, output) == 0
+    assert run_file(monkeypatch, batch_app(), source, output) == 0
     assert "0 to run" in capsys.readouterr().out
 
 
@@ -163,14 +163,14 @@ def test_an_engine_that_stops_while_loading_ends_the_batch_with_its_state() -> N
         gate.wait(10)
         return Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2))
 
-    app = create_app(slow, "m", max_queue=None)
+    app = fake_app(slow, "m", max_queue=None)
 
     async def scenario() -> None:
         batch = asyncio.create_task(run_batch(app, [BatchLine("a", "/v1/completions", {"prompt": "x"})],
                                               io.StringIO(), 1))
         await asyncio.sleep(0.3)  # still loading: still waiting
         assert not batch.done()
-        app.state.server.engine_thread.drain()
+        app.state.server.client.drain()
         gate.set()
         with pytest.raises(ValueError, match="the engine is not available: draining"):
             await asyncio.wait_for(batch, 5)

@@ -6,15 +6,20 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.frontend.client import EngineClient
 from cobali.http.app import create_app
+from cobali.http.config import ServerConfig
+from cobali.offline import LLM
 
 N_CTX_SEQ = 256
 
@@ -22,6 +27,12 @@ N_CTX_SEQ = 256
 def fake_engine(backend: FakeBackend | None = None, **config) -> Callable[[], Engine]:
     return lambda: Engine(backend or FakeBackend(n_seq_max=4, n_ctx_seq=N_CTX_SEQ, n_batch=64),
                           EngineConfig(max_slots=4, n_batch=64, **config))
+
+
+def fake_app(engine: Callable[[], Engine], name: str = "fake-model", **server: Any) -> FastAPI:
+    """The app over an engine client of its own, as serve.build_app builds them; the test makes the engine."""
+    config = ServerConfig(served_model_name=name, **server)
+    return create_app(config, EngineClient(engine, max_queue=config.max_queue, stream_interval=config.stream_interval))
 
 
 def wait_healthy(client: TestClient) -> None:
@@ -34,7 +45,7 @@ def wait_healthy(client: TestClient) -> None:
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
 def api(request: pytest.FixtureRequest) -> Iterator[TestClient]:
     """Every API test runs on both tick loops: with async scheduling the engine thread drives a second one."""
-    with TestClient(create_app(fake_engine(async_scheduling=request.param), "fake-model")) as client:
+    with TestClient(fake_app(fake_engine(async_scheduling=request.param), "fake-model")) as client:
         wait_healthy(client)
         yield client
 
@@ -48,7 +59,7 @@ def sse_payloads(text: str) -> list:
 def expected_text(prompt: str, max_tokens: int) -> str:
     """What a fresh engine produces for the prompt, greedily: the server must not change it."""
     engine = fake_engine()()
-    [request] = engine.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    [request] = LLM(engine).generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     return request.text
 
 
@@ -255,7 +266,7 @@ def test_models_slots_and_metrics(api: TestClient) -> None:
 
 
 def test_metrics_show_the_learned_tick_costs_under_an_itl_target() -> None:
-    with TestClient(create_app(fake_engine(itl_target_ms=250), "m")) as client:
+    with TestClient(fake_app(fake_engine(itl_target_ms=250), "m")) as client:
         wait_healthy(client)
         assert "cobali:tick_cost_confident 0.0" in client.get("/metrics").text
         assert "cobali:tick_cost_error 0.0" in client.get("/metrics").text
@@ -263,7 +274,7 @@ def test_metrics_show_the_learned_tick_costs_under_an_itl_target() -> None:
 
 
 def test_api_key_is_required_on_the_api_but_not_on_probes() -> None:
-    with TestClient(create_app(fake_engine(), "m", api_keys=("sekret",))) as client:
+    with TestClient(fake_app(fake_engine(), "m", api_keys=("sekret",))) as client:
         wait_healthy(client)
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
             response = client.post("/v1/completions", json={"prompt": "x"}, headers=headers)
@@ -286,7 +297,7 @@ def test_health_is_503_while_loading() -> None:
         loaded.wait(10)
         return build()
 
-    with TestClient(create_app(slow_load, "m")) as client:
+    with TestClient(fake_app(slow_load, "m")) as client:
         response = client.get("/health")
         assert response.status_code == 503 and "loading" in response.json()["error"]["message"]
         assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 503
@@ -302,7 +313,7 @@ class CrashingBackend(FakeBackend):
 
 
 def test_an_engine_crash_fails_pending_requests_and_health() -> None:
-    with TestClient(create_app(fake_engine(CrashingBackend(n_seq_max=4, n_batch=64)), "m")) as client:
+    with TestClient(fake_app(fake_engine(CrashingBackend(n_seq_max=4, n_batch=64)), "m")) as client:
         wait_healthy(client)
         response = client.post("/v1/completions", json={"prompt": "x"})
         assert response.status_code == 503

@@ -17,8 +17,8 @@ import uvicorn
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.http.app import create_app
 from cobali.http.serve import DrainingServer
+from tests.unit.http.test_server_api import fake_app
 
 # Every test on both tick loops: synchronous, and with async scheduling (a decode thread beside the engine's).
 pytestmark = pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
@@ -39,9 +39,9 @@ def live_server(max_slots: int = 2, max_queue: int | None = None, grace_s: float
         return Engine(SlowBackend(n_seq_max=max_slots, n_ctx_seq=4096, n_batch=64),
                       EngineConfig(max_slots=max_slots, n_batch=64, async_scheduling=overlap))
 
-    app = create_app(build, "slow", max_queue=max_queue)
+    app = fake_app(build, "slow", max_queue=max_queue)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=10)
-    server = DrainingServer(config, on_exit=lambda: app.state.server.engine_thread.drain(grace_s))
+    server = DrainingServer(config, on_exit=lambda: app.state.server.client.drain(grace_s))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,14 +19,14 @@ import numpy as np
 import pytest
 import uvicorn
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.request import Request as EngineRequest
-from cobali.frontend.generation import Delta, Generation, StreamOverflow
-from cobali.http.app import create_app
+from cobali.frontend.generation import Generation, StreamOverflow
+from cobali.frontend.interface import RequestOutput
+from cobali.http.disconnect import only_our_cancel
 from cobali.http.routes import completions as openai_routes
+from tests.unit.http.test_server_api import fake_app
 from tests.unit.http.test_server_live import busy_slots, metric, wait_for
 
 ABORTS = 'cobali:request_success_total{finished_reason="abort"}'
@@ -62,7 +63,7 @@ def live(max_slots: int = 2, **limits: float) -> Iterator[tuple[httpx.Client, in
         return Engine(WideBackend(n_seq_max=max_slots, n_ctx_seq=4096, n_batch=64),
                       EngineConfig(max_slots=max_slots, n_batch=64))
 
-    app = create_app(build, "wide", max_queue=8, **limits)
+    app = fake_app(build, "wide", max_queue=8, **limits)
     listener = socket.socket()
     # Connections inherit this: a small fixed send buffer, where Linux would grow one to megabytes.
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
@@ -128,13 +129,13 @@ def test_the_text_a_stuck_stream_holds_is_bounded() -> None:
     async def run() -> None:
         owner = Owner()
         generation = Generation(asyncio.get_running_loop(), owner)
-        generation.add(EngineRequest(7, [1], SamplingParams()))
+        generation.add(7, 1)
         generation.max_buffered = 1000
         dropped: list[bool] = []
         generation.on_overflow = lambda: dropped.append(True)
         for n in range(1, 10_000):  # nobody reads: the engine goes on decoding into the inbox
-            generation.put(Delta(0, "x" * 100, False, n))
-        held = sum(len(item.text) for item in generation._inbox if isinstance(item, Delta))
+            generation.put(RequestOutput(7, "x" * 100, (5,), n, (), False, 1, 0))
+        held = sum(len(item.text) for item in generation._inbox if isinstance(item, RequestOutput))
         assert held <= 1000
         assert owner.aborted == [7]
         assert dropped == [True]
@@ -201,3 +202,22 @@ def test_a_client_that_goes_before_submit_is_never_submitted(monkeypatch: pytest
         time.sleep(0.8)
         assert not submitted.is_set()
         assert busy_slots(client) == 0
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10 counts no cancels")
+@pytest.mark.parametrize("others", [0, 1])
+def test_a_dropped_stream_swallows_only_its_own_cancel(others: int) -> None:
+    """A drop's cancel is withdrawn; a shutdown's that landed with it is still the task's, to end it."""
+
+    async def caught() -> tuple[bool, int]:
+        task = asyncio.current_task()
+        assert task is not None
+        for _ in range(1 + others):
+            task.cancel()
+        try:
+            await asyncio.sleep(1)
+        except asyncio.CancelledError:
+            return only_our_cancel(task), task.cancelling()
+        raise AssertionError("not cancelled")
+
+    assert asyncio.run(caught()) == (others == 0, others)

@@ -12,13 +12,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
 from cobali.http.flags import add_serve_args, server_config
 from cobali.http.render.replies import CHAT, COMPLETION
 from cobali.http.serve import build_app
 from cobali.options import engine_setup
-from tests.unit.http.test_server_api import fake_engine, wait_healthy
+from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 INTERVAL = 3
 
@@ -33,7 +32,7 @@ def clients() -> Iterator[dict[int, OpenAI]]:
 
 
 def create_app_with(stream_interval: int) -> FastAPI:
-    return create_app(fake_engine(), "fake-model", stream_interval=stream_interval)
+    return fake_app(fake_engine(), "fake-model", stream_interval=stream_interval)
 
 
 def completion_stream(client: OpenAI, **request) -> tuple[dict[int, str], dict[int, str], dict, list[list[int]]]:
@@ -111,14 +110,14 @@ def test_the_flag_reaches_the_streams() -> None:
     add_serve_args(parser)
     args = parser.parse_args(["--stream-interval", "5"])
     app = build_app(engine_setup(args), server_config(args))  # the engine loads only when the app starts
-    assert app.state.server.engine_thread.stream_interval == 5
+    assert app.state.server.client.stream_interval == 5
 
 
 @pytest.mark.parametrize("interval", [1, INTERVAL])
 def test_with_async_scheduling_a_chunks_logprobs_are_those_of_its_text(interval: int) -> None:
     """The host thread streams a decode's tokens after counting in the stand-ins of the next decode: a chunk
     stamped with the request's output count then carried the logprob of a token whose text had not come yet."""
-    with TestClient(create_app(fake_engine(async_scheduling=True), "fake-model", stream_interval=interval)) as http:
+    with TestClient(fake_app(fake_engine(async_scheduling=True), "fake-model", stream_interval=interval)) as http:
         wait_healthy(http)
         client = OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
         for _ in range(3):

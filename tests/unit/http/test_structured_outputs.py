@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from cobali.http.app import create_app
-from cobali.http.protocol.completions import CompletionRequest, ModelLimits
+from cobali.backends.base import EmbeddingLimits, TemplateSource
+from cobali.frontend.interface import ModelInfo
+from cobali.http.protocol.completions import CompletionRequest
 from cobali.structured.grammars import (
     JSON_OBJECT_GRAMMAR,
     choice_grammar,
@@ -18,7 +19,7 @@ from cobali.structured.grammars import (
     json_schema_grammar,
     regex_grammar,
 )
-from tests.unit.http.test_server_api import N_CTX_SEQ, fake_engine, wait_healthy
+from tests.unit.http.test_server_api import N_CTX_SEQ, fake_app, fake_engine, wait_healthy
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
 GBNF = 'root ::= "a"'
@@ -27,9 +28,13 @@ for _ in range(300):
     DEEP = {"type": "array", "items": DEEP}
 
 
+MODEL = ModelInfo(n_vocab=96, max_model_len=256, context_hint="", description="fake", max_slots=1,
+                  chat_template=TemplateSource(None), embeddings=EmbeddingLimits(256, 4, 96))
+
+
 def grammar_of(**fields) -> str | None:
     body = CompletionRequest.model_validate({"prompt": "x", **fields})
-    return body.sampling_params(1, ModelLimits(256, 96), 0).grammar
+    return body.sampling_params(1, MODEL, 0).grammar
 
 
 @pytest.mark.parametrize("fields, expected", [
@@ -57,7 +62,7 @@ def test_every_spelling_becomes_its_grammar(fields: dict, expected: str | None) 
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[TestClient]:
-    with TestClient(create_app(fake_engine(), "m")) as client:
+    with TestClient(fake_app(fake_engine(), "m")) as client:
         wait_healthy(client)
         yield client
 

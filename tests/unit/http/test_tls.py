@@ -17,9 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from cobali.http import serve as serve_module
-from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
-from tests.unit.http.test_server_api import fake_engine
+from tests.unit.http.test_server_api import fake_app, fake_engine
 from tests.unit.http.test_server_live import wait_for
 from tests.unit.test_settings import clean_environment, cli_error  # noqa: F401 (the fixture: no COBALI_* leaks in)
 
@@ -54,7 +53,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[serve_module.Draini
             started.append(self)
 
     monkeypatch.setattr(serve_module, "DrainingServer", Kept)
-    monkeypatch.setattr(serve_module, "build_app", lambda _spec, _server: create_app(fake_engine(), "m"))
+    monkeypatch.setattr(serve_module, "build_app", lambda _spec, _server: fake_app(fake_engine(), "m"))
     monkeypatch.setattr(serve_module.signal, "signal", lambda *_args: None)  # not the main thread's to change
     yield started
     for server in started:

@@ -8,15 +8,14 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from cobali.http.app import create_app
-from tests.unit.http.test_server_api import N_CTX_SEQ, fake_engine, wait_healthy
+from tests.unit.http.test_server_api import N_CTX_SEQ, fake_app, fake_engine, wait_healthy
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
 
 
 @pytest.fixture(scope="module")
 def http() -> Iterator[TestClient]:
-    with TestClient(create_app(fake_engine(), "fake-model")) as client:
+    with TestClient(fake_app(fake_engine(), "fake-model")) as client:
         wait_healthy(client)
         yield client
 

@@ -21,10 +21,10 @@ from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.client import EngineState
-from cobali.http.app import create_app
 from cobali.http.prometheus import ServerMetrics, merge_expositions
 from cobali.ray.asgi import HTTPRequest, call_app
 from cobali.ray.gateway import LeastBusy, gateway_app
+from tests.unit.http.test_server_api import fake_app
 from tests.unit.http.test_server_live import LONG, SlowBackend
 
 STREAMED = {"prompt": "hello", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": True}
@@ -44,7 +44,7 @@ def replica_app(api_key: str | None = None) -> FastAPI:
     def engine() -> Engine:
         return Engine(FakeBackend(n_seq_max=4, n_ctx_seq=256, n_batch=64), EngineConfig(max_slots=4, n_batch=64))
 
-    return create_app(engine, "fake-model", api_keys=(api_key,) if api_key else ())
+    return fake_app(engine, "fake-model", api_keys=(api_key,) if api_key else ())
 
 
 async def with_gateway(test: Callable[[httpx.AsyncClient], Awaitable[None]], n: int = 2,
@@ -127,9 +127,9 @@ def test_closing_the_bridge_early_ends_the_app_and_runs_its_clean_up() -> None:
 
 
 def test_a_client_leaving_mid_stream_frees_the_replica_slot() -> None:
-    app = create_app(lambda: Engine(SlowBackend(n_seq_max=2, n_ctx_seq=4096, n_batch=64),
+    app = fake_app(lambda: Engine(SlowBackend(n_seq_max=2, n_ctx_seq=4096, n_batch=64),
                                     EngineConfig(max_slots=2, n_batch=64)), "slow")
-    thread = app.state.server.engine_thread
+    thread = app.state.server.client
     request = HTTPRequest("POST", "/v1/completions", b"", [(b"content-type", b"application/json")],
                           json.dumps(LONG).encode())
 

@@ -11,9 +11,10 @@ from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.calibrate import chars_per_token
 from cobali.cli import main
-from cobali.costs import CostProfile, load_profile
+from cobali.engine.costs import CostProfile, TickTerms, load_profile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.offline import LLM
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimSpec, simulate
 from cobali.sim.plan import plan_replicas
@@ -32,8 +33,8 @@ def test_sim_backend_gives_the_fake_backends_plans_and_tokens(kv_unified: bool, 
     for backend in (FakeBackend(4, n_ctx_seq, 32, kv_unified),
                     SimBackend(UNIT, n_seq_max=4, n_ctx_seq=n_ctx_seq, n_batch=32, kv_unified=kv_unified)):
         engine = Engine(backend, config, clock=getattr(backend, "clock", None) or (lambda: 0.0))
-        requests = engine.generate(prompts(12), SamplingParams(max_tokens=30))
-        runs.append(([t.plan for t in engine.ticks], [r.output_tokens for r in requests], backend.kv))
+        requests = LLM(engine).generate(prompts(12), SamplingParams(max_tokens=30))
+        runs.append(([t.plan for t in engine.ticks], [r.token_ids for r in requests], backend.kv))
     fake, sim = runs
     assert sim[0] == fake[0], "the same scheduler must plan the same ticks"
     assert sim[1] == fake[1] and sim[2] == fake[2]
@@ -56,10 +57,10 @@ def test_decode_advances_the_clock_by_the_profile() -> None:
 def test_engine_timestamps_are_virtual() -> None:
     backend = SimBackend(UNIT, n_seq_max=2)
     engine = Engine(backend, EngineConfig(max_slots=2, n_batch=64, record_ticks=False), clock=backend.clock)
-    (r,) = engine.generate([list(range(1, 11))], SamplingParams(max_tokens=3, ignore_eos=True))
+    (r,) = LLM(engine).generate([list(range(1, 11))], SamplingParams(max_tokens=3, ignore_eos=True))
     # prefill of 10 tokens, then decode rows with 11 and 12 context tokens
-    assert r.token_times == pytest.approx([2.0, 2.0 + 1.021, 2.0 + 1.021 + 1.022])
-    assert r.arrival_time == 0.0 and r.finish_time == pytest.approx(4.043) and not engine.ticks
+    assert r.stats.token_times == pytest.approx([2.0, 2.0 + 1.021, 2.0 + 1.021 + 1.022])
+    assert r.stats.arrival_time == 0.0 and r.stats.finish_time == pytest.approx(4.043) and not engine.ticks
 
 
 def test_simulate_routes_over_replicas_and_reports() -> None:
@@ -87,8 +88,8 @@ def test_plan_finds_the_fewest_replicas() -> None:
 
 def test_bundled_profiles_load() -> None:
     cpu = load_profile("cpu-2core-smollm2")  # measured by `cobali calibrate` on this 2-core CPU
-    assert cpu.predict_tick_s(0, 16, 0) > cpu.predict_tick_s(0, 1, 0) > 0
-    assert 150 < 256 / cpu.predict_tick_s(256, 0, 0) < 600, "prefill of the 135M model runs at ~300 tok/s"
+    assert cpu.predict(TickTerms(0, 16, 0)) > cpu.predict(TickTerms(0, 1, 0)) > 0
+    assert 150 < 256 / cpu.predict(TickTerms(256, 0, 0)) < 600, "prefill of the 135M model runs at ~300 tok/s"
     assert 4.0 < cpu.chars_per_token < 5.0, "the model's tokenizer, measured over mixed_length"
     assert "ESTIMATE" in load_profile("h100-llama-8b").device
 

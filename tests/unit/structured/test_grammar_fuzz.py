@@ -21,8 +21,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cobali.frontend.parsers.tools.tagged import Hermes
 from cobali.http.protocol.structured import check_json_schema, schema_grammar
-from cobali.structured.grammars import choice_grammar, gbnf_grammar, regex_grammar, tool_call_grammar
+from cobali.structured.grammars import choice_grammar, gbnf_grammar, regex_grammar
 from tests.structured_oracle import Hang, Oracle, bytes_oracle, bytes_tokenizer, time_limit
 
 EXAMPLES = int(os.environ.get("COBALI_GRAMMAR_FUZZ_EXAMPLES", "150"))
@@ -223,7 +224,8 @@ def test_a_fuzzed_schema_gets_a_grammar_or_a_value_error(schema: Any) -> None:
     # As every route reads a schema: checked against the metaschema (check_json_schema), then built.
     grammar_or_refusal(fresh(), lambda s: schema_grammar(s, "json_schema"), schema)
     if isinstance(schema, dict):  # a tool's parameters are an object (chat_schemas.Function)
-        grammar_or_refusal(fresh(), lambda s: (check_json_schema(s), tool_call_grammar([("f", s)], True))[1], schema)
+        grammar_or_refusal(fresh(), lambda s: (check_json_schema(s), Hermes().forced_call_grammar([("f", s)], True))[1],
+                           schema)
 
 
 @FUZZ

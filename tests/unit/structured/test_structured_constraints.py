@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cobali.frontend.parsers.tools.tagged import Hermes
 from cobali.http.protocol.structured import MAX_SCHEMA_DEPTH, StructuredRequest, schema_grammar
 from cobali.structured.compiler import GrammarCompiler
 from cobali.structured.grammars import (
@@ -31,7 +32,6 @@ from cobali.structured.grammars import (
     gbnf_grammar,
     json_schema_grammar,
     regex_grammar,
-    tool_call_grammar,
 )
 from cobali.structured.guide import Guide
 from cobali.structured.limits import GrammarLimits
@@ -489,10 +489,11 @@ def call(name: str, arguments: str) -> str:
 
 def test_a_forced_tool_call_names_a_tool_and_follows_its_schema() -> None:
     weather, noop = call("get_weather", '{"city": "Oslo"}'), call("noop", "{}")
-    assert_holds(tool_call_grammar([("get_weather", WEATHER), ("noop", None)], parallel=False), [weather, noop],
+    assert_holds(Hermes().forced_call_grammar([("get_weather", WEATHER), ("noop", None)], parallel=False),
+                 [weather, noop],
                  [call("other", "{}"), call("get_weather", "{}"), call("get_weather", '{"city": "Oslo Oslo Oslo"}'),
                   call("noop", "[]"), f"{weather}\n{noop}", weather[:-1]])
-    parallel = tool_call_grammar([("get_weather", WEATHER), ("noop", None)], parallel=True)
+    parallel = Hermes().forced_call_grammar([("get_weather", WEATHER), ("noop", None)], parallel=True)
     assert_holds(parallel, [weather, f"{weather}\n{noop}", "\n".join([weather] * MAX_PARALLEL_CALLS)],
                  ["\n".join([weather] * (MAX_PARALLEL_CALLS + 1)), f"{weather}{noop}"])
 

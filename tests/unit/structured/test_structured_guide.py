@@ -19,6 +19,7 @@ from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import FinishReason, Request
 from cobali.engine.sampling import token_logprob
+from cobali.offline import LLM
 from cobali.structured.grammars import choice_grammar, json_schema_grammar, regex_grammar
 from tests.structured_oracle import fake_oracle
 
@@ -56,7 +57,7 @@ def engine(request: pytest.FixtureRequest) -> Engine:
 
 
 def matchers(engine: Engine) -> dict:
-    return engine.sampler.guide._matchers
+    return engine.executor.sampler.guide._matchers
 
 
 @pytest.mark.parametrize("kind", sorted(GRAMMARS))
@@ -65,10 +66,10 @@ def test_a_constrained_request_writes_what_its_grammar_allows(engine: Engine, ki
     """The fake model's own tokens are never what the grammar wants (greedy, it writes "fI!Lcfv)..."): every
     output here was steered by the mask, and ends on the end token once the grammar is complete."""
     prompts = ["hello", "a longer prompt", "xyz", "0"]
-    runs = engine.generate(prompts, SamplingParams(max_tokens=120, grammar=GRAMMARS[kind], **sampling))
+    runs = LLM(engine).generate(prompts, SamplingParams(max_tokens=120, grammar=GRAMMARS[kind], **sampling))
     for run in runs:
         assert run.finish_reason is FinishReason.STOP, (run.text, run.error)
-        assert run.output_tokens[-1] == EOG_TOKEN
+        assert run.token_ids[-1] == EOG_TOKEN
         assert follows(kind, run.text), run.text
     if sampling["temperature"] > 0 and kind != "choice":  # drawn, not forced: the prompts' outputs differ
         assert len({run.text for run in runs}) > 1
@@ -78,13 +79,14 @@ def test_a_constrained_request_writes_what_its_grammar_allows(engine: Engine, ki
 def test_a_constrained_request_leaves_its_neighbours_rows_alone(engine: Engine) -> None:
     """Unconstrained requests in the same batches write what they write alone."""
     free = SamplingParams(max_tokens=30, ignore_eos=True, temperature=1.0, seed=5)
-    (alone,) = engine.generate(["neighbour"], free)
-    runs = engine.generate(["hello", "neighbour", "abc"], free)
-    constrained = [engine.submit(p, SamplingParams(max_tokens=60, grammar=GRAMMARS["regex"], temperature=1.0, seed=s))
+    (alone,) = LLM(engine).generate(["neighbour"], free)
+    runs = LLM(engine).generate(["hello", "neighbour", "abc"], free)
+    constrained = [engine.add_request(p, SamplingParams(max_tokens=60, grammar=GRAMMARS["regex"], temperature=1.0,
+                                                        seed=s))
                    for s, p in enumerate(["x", "y"])]
-    beside = engine.submit("neighbour", free)
-    engine.run_until_done()
-    assert runs[1].output_tokens == alone.output_tokens == beside.output_tokens
+    beside = engine.add_request("neighbour", free)
+    list(LLM(engine).run())
+    assert runs[1].token_ids == alone.token_ids == tuple(beside.output_tokens)
     assert all(follows("regex", r.text) for r in constrained)
 
 
@@ -93,12 +95,12 @@ def test_logprobs_of_a_constrained_request_are_the_models_own(engine: Engine, sa
     """Reported from the logits as the model wrote them, before the mask: the model's favourite tokens are listed
     with their logprobs though the grammar refused them."""
     backend: FakeBackend = engine.backend
-    (run,) = engine.generate(["hello"], SamplingParams(max_tokens=60, grammar=GRAMMARS["schema"], logprobs=5,
+    (run,) = LLM(engine).generate(["hello"], SamplingParams(max_tokens=60, grammar=GRAMMARS["schema"], logprobs=5,
                                                        **sampling))
     assert run.finish_reason is FinishReason.STOP and follows("schema", run.text)
-    history = list(run.prompt_tokens)
+    history = backend.tokenize("hello")
     unmasked_favourites = 0
-    for token, reported in zip(run.output_tokens, run.logprobs, strict=True):
+    for token, reported in zip(run.token_ids, run.logprobs, strict=True):
         expected = token_logprob(backend._logits_after(history), token, 5)
         assert reported.token == token
         assert reported.logprob == pytest.approx(expected.logprob)
@@ -107,7 +109,7 @@ def test_logprobs_of_a_constrained_request_are_the_models_own(engine: Engine, sa
         assert all(np.isfinite(p) for _, p in reported.top)
         unmasked_favourites += reported.top[0][0] != token
         history.append(token)
-    assert unmasked_favourites > len(run.output_tokens) // 2  # the mask steered most tokens
+    assert unmasked_favourites > len(run.token_ids) // 2  # the mask steered most tokens
 
 
 def test_a_grammar_that_allows_nothing_more_fails_its_own_request_only(engine: Engine) -> None:
@@ -116,12 +118,12 @@ def test_a_grammar_that_allows_nothing_more_fails_its_own_request_only(engine: E
     them finish as they would have."""
     params = [SamplingParams(max_tokens=16, grammar=g, **s) for g in (DEAD_END, GRAMMARS["regex"])
               for s in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 7})]
-    requests = [engine.submit("say", p) for p in params]
-    requests.append(engine.submit("say", SamplingParams(max_tokens=8, grammar=LLMatcher.grammar_from_lark(
+    requests = [engine.add_request("say", p) for p in params]
+    requests.append(engine.add_request("say", SamplingParams(max_tokens=8, grammar=LLMatcher.grammar_from_lark(
         "start: X\nX: /a/ & /b/"))))
-    requests.append(engine.submit("say", SamplingParams(max_tokens=8, grammar='{"grammars": 3}')))
-    (free,) = [engine.submit("neighbour", SamplingParams(max_tokens=12, ignore_eos=True))]
-    engine.run_until_done()
+    requests.append(engine.add_request("say", SamplingParams(max_tokens=8, grammar='{"grammars": 3}')))
+    (free,) = [engine.add_request("neighbour", SamplingParams(max_tokens=12, ignore_eos=True))]
+    list(LLM(engine).run())
     dead_ends, good, nothing, broken = requests[:2], requests[2:4], requests[4], requests[5]
     for request in dead_ends:
         assert_own_failure(request)
@@ -133,7 +135,7 @@ def test_a_grammar_that_allows_nothing_more_fails_its_own_request_only(engine: E
     for request in good:
         assert request.finish_reason is FinishReason.STOP and follows("regex", request.text), request.error
     assert free.finish_reason is FinishReason.LENGTH and len(free.output_tokens) == 12
-    (after,) = engine.generate(["say"], params[2])
+    (after,) = LLM(engine).generate(["say"], params[2])
     assert after.finish_reason is FinishReason.STOP and after.text == good[0].text
     assert not matchers(engine)
 
@@ -147,16 +149,16 @@ def assert_own_failure(request: Request) -> None:
 def test_a_request_that_ends_or_is_aborted_frees_its_matcher(engine: Engine) -> None:
     long = SamplingParams(max_tokens=200, grammar=regex_grammar("[a-z]{150}"), temperature=1.0, seed=1)
     short = SamplingParams(max_tokens=200, grammar=GRAMMARS["choice"])
-    aborted, finished = engine.submit("abc", long), engine.submit("def", short)
+    aborted, finished = engine.add_request("abc", long), engine.add_request("def", short)
     for _ in range(12):
         engine.step()
     assert finished.is_finished and not aborted.is_finished
     assert set(matchers(engine)) == {aborted.id}
     engine.abort(aborted.id)
-    engine.run_until_done()
+    list(LLM(engine).run())
     assert aborted.finish_reason is FinishReason.ABORT
     assert not matchers(engine)
-    cut = engine.generate(["abc"], SamplingParams(max_tokens=5, grammar=regex_grammar("[a-z]{150}")))[0]
+    cut = LLM(engine).generate(["abc"], SamplingParams(max_tokens=5, grammar=regex_grammar("[a-z]{150}")))[0]
     assert cut.finish_reason is FinishReason.LENGTH and not matchers(engine)
 
 

@@ -1,0 +1,107 @@
+"""What the frontend reads of the engine, handed over as values or thread-safe objects: the loaded model's
+limits (ModelInfo), its text side (Tokenizer), and a snapshot of the slots (SlotState). The frontend never
+reaches into the scheduler, the slot pool or the backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cobali.backends.base import Backend, EmbeddingLimits, TemplateSource
+from cobali.engine.request import Request
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The loaded model as requests are checked against it; built once, when the model has loaded."""
+
+    n_vocab: int
+    max_model_len: int  # tokens one request may hold, prompt and output (the KV accountant's seq_limit)
+    context_hint: str  # how the operator gives a request more context: said with every refusal
+    description: str  # the model and device, for the log
+    max_slots: int  # requests decoded at once
+    chat_template: TemplateSource  # the model's own; --chat-template overrides it
+    embeddings: EmbeddingLimits
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One slot as /slots shows it: taken between two ticks, on the engine's thread."""
+
+    id: int
+    request_id: int | None = None  # None: the slot is idle
+    state: str = "idle"
+    n_prompt_tokens: int = 0
+    n_decoded: int = 0
+    n_ctx_used: int = 0
+
+    @property
+    def is_processing(self) -> bool:
+        return self.request_id is not None
+
+
+def slot_states(running: Iterable[Request], max_slots: int) -> tuple[SlotState, ...]:
+    by_slot = {r.slot: r for r in running if r.slot is not None}
+    return tuple(_slot_state(slot, by_slot.get(slot)) for slot in range(max_slots))
+
+
+def _slot_state(slot: int, request: Request | None) -> SlotState:
+    if request is None:
+        return SlotState(slot)
+    return SlotState(slot, request.id, request.state.value, len(request.prompt_tokens), len(request.output_tokens),
+                     request.computed_tokens)
+
+
+class Tokenizer:
+    """The model's text side: tokens, their bytes, and the backend's own chat template matcher. Thread-safe
+    (it only reads the vocabulary), so the frontend's workers tokenize while the engine ticks."""
+
+    def __init__(self, backend: Backend, max_model_len: int, context_hint: str) -> None:
+        self.n_vocab = backend.info.n_vocab
+        self.max_model_len = max_model_len
+        self.context_hint = context_hint
+        self._max_token_bytes = backend.info.max_token_bytes
+        self._backend = backend
+        self.token_bytes = backend.token_bytes  # bound once: logprobs read it for every token they show
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        return self._backend.tokenize(text, add_special)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """The backend's own template matcher (no tools): a model without a Jinja template is prompted with it."""
+        return self._backend.apply_chat_template(messages)
+
+    def control_token(self, tag: str) -> int | None:
+        """The control token whose text `tag` is (one token, shown as no text unless its text is preserved), else
+        None: a tag of several tokens, or one shown as text anyway, needs no preserving."""
+        tokens = self.encode(tag, add_special=False)
+        return tokens[0] if len(tokens) == 1 and not self.token_bytes(tokens[0]) else None
+
+    def decode(self, tokens: Iterable[int]) -> str:
+        return b"".join(map(self.token_bytes, tokens)).decode("utf-8", errors="replace")
+
+    def check_ids(self, tokens: Iterable[int], what: str) -> None:
+        """ValueError unless every id is in the vocabulary."""
+        if any(not 0 <= t < self.n_vocab for t in tokens):
+            raise ValueError(f"{what} must be in [0, {self.n_vocab})")
+
+    def prompt_tokens(self, prompt: str | list[int], keep: int | None = None) -> list[int]:
+        """A prompt's tokens, refused (ValueError) when it cannot run; keep: only its last `keep` tokens (vLLM's
+        truncate_prompt_tokens)."""
+        limit = self.max_model_len
+        if isinstance(prompt, str):  # one that cannot fit is not tokenized: the cost grows with the text
+            most = ((keep + 1) if keep else limit) * self._max_token_bytes
+            if keep is None and most and len(prompt) > most:
+                raise ValueError(f"prompt has over {limit} tokens ({len(prompt)} characters); the context holds "
+                                 f"{limit} per request ({self.context_hint})")
+            tokens = self.encode(prompt[-most:] if most else prompt)
+        else:
+            tokens = list(prompt)
+        tokens = tokens if keep is None else tokens[-keep:]
+        if not tokens:
+            raise ValueError("prompt is empty")
+        if len(tokens) >= limit:
+            raise ValueError(f"prompt has {len(tokens)} tokens; the context holds {limit} per request "
+                             f"({self.context_hint})")
+        self.check_ids(tokens, "prompt token ids")
+        return tokens

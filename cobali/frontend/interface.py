@@ -1,0 +1,15 @@
+"""What the faces take from below the frontend, re-exported: the HTTP layer imports the frontend and never the
+engine or a backend (tests/unit/test_layers.py checks it)."""
+
+from __future__ import annotations
+
+from cobali.backends.base import SamplingParams
+from cobali.engine.adapters import AdapterLimit
+from cobali.engine.model_info import ModelInfo, SlotState, Tokenizer
+from cobali.engine.outputs import EngineStats, RequestOutput, RequestStats
+from cobali.engine.plan import TickRecord
+from cobali.engine.request import FinishReason
+from cobali.engine.sampling import TokenLogprob
+
+__all__ = ["AdapterLimit", "EngineStats", "FinishReason", "ModelInfo", "RequestOutput", "RequestStats",
+           "SamplingParams", "SlotState", "TickRecord", "TokenLogprob", "Tokenizer"]

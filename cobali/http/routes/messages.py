@@ -1,0 +1,131 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API over the chat path.
+
+The body becomes a chat request (protocol/messages.py) and goes the chat route's way: the same limits, template,
+grammar and queue; its reply is read by the model's parsers (reasoning, then tool calls) and rendered as
+Anthropic's message, or as its stream of events (render/anthropic.py). Errors take Anthropic's shape
+(cobali/http/anthropic_errors.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from cobali.frontend.errors import bad_request
+from cobali.frontend.generation import Generation, GenerationError
+from cobali.frontend.inputs import InputProcessor, ReplyReader
+from cobali.frontend.request_limits import RequestLimits, check_tools
+from cobali.frontend.work_pool import client_of
+from cobali.http.disconnect import cancelled_on_disconnect
+from cobali.http.parse import json_body, parse_then
+from cobali.http.protocol.chat import ChatCompletionRequest
+from cobali.http.protocol.messages import CountTokensRequest, MessagesInput, MessagesRequest
+from cobali.http.protocol.unknown_fields import ignored_fields_headers
+from cobali.http.render import anthropic
+from cobali.http.routes.chat import chat_choices, chat_prompt
+from cobali.http.routes.completions import (
+    event_stream,
+    inputs_for,
+    preprocessed,
+    refuse_when_full,
+    submit,
+    until_finished,
+)
+from cobali.http.state import ServerContext
+
+B = TypeVar("B", bound=MessagesInput)
+
+router = APIRouter()
+
+
+@dataclass(frozen=True)
+class MessageReply:
+    """One generation's reply, read by the model's parsers and named as Anthropic names it."""
+
+    generation: Generation
+    replies: ReplyReader
+    model: str
+    input_tokens: int
+    id: str
+
+    def whole(self) -> dict:
+        choice = self.generation.choices[0]
+        assert choice.last is not None, "a finished generation has its final output"
+        reply = self.replies.whole(choice.text)
+        return anthropic.message(self.id, self.model, reply, anthropic.stop_reason(choice.last, bool(reply.calls)),
+                                 anthropic.final_usage(self.input_tokens, choice.last))
+
+    async def events(self) -> AsyncIterator[str]:
+        """The stream's events, those of outputs that arrived together in one write."""
+        stream, parser = anthropic.MessageStream(self.id, self.model), self.replies.stream()
+        try:
+            yield "".join(stream.start(anthropic.Usage(self.input_tokens, 0)))
+            async for outputs in self.generation.batches():
+                events: list[str] = []
+                for output in outputs:
+                    events += stream.delta(parser.feed(output.text))
+                    if output.finished:
+                        events += stream.delta(parser.finish())
+                        events += stream.finish(anthropic.stop_reason(output, stream.called),
+                                                anthropic.final_usage(self.input_tokens, output))
+                if events:
+                    yield "".join(events)
+        except GenerationError as err:  # headers are sent: report in-band, as Anthropic's streams do
+            error = err.api_error()
+            yield anthropic.event(anthropic.error_body(error.status, error.message))
+
+
+@router.post("/v1/messages", openapi_extra=json_body(MessagesRequest))
+@cancelled_on_disconnect
+async def messages(http: Request) -> Response:
+    refuse_when_full(http)
+    body, translated = await parse_then(http, MessagesRequest, _with_chat)
+    inputs = inputs_for(http, body.model)
+    chat = _fitting(translated)
+    prepared = await preprocessed(http, inputs, chat, 1, functools.partial(chat_choices, http, inputs, chat))
+    generation = submit(http, chat, prepared.choices)
+    server: ServerContext = http.app.state.server
+    reply = MessageReply(generation, prepared.replies, server.model_id(body.model), len(prepared.choices[0][0]),
+                         anthropic.message_id())
+    headers = ignored_fields_headers(body)
+    if body.stream:
+        return event_stream(http, reply.events(), headers, generation)
+    await until_finished(generation)
+    return JSONResponse(reply.whole(), headers=headers)
+
+
+@router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
+async def count_tokens(http: Request) -> JSONResponse:
+    body, translated = await parse_then(http, CountTokensRequest, _with_chat)
+    inputs = inputs_for(http, body.model)
+    server: ServerContext = http.app.state.server
+    work = functools.partial(_prompt_tokens, inputs, _fitting(translated), server.config.limits)
+    count = await server.pool.run(client_of(http), work)
+    return JSONResponse({"input_tokens": count}, headers=ignored_fields_headers(body))
+
+
+def _prompt_tokens(inputs: InputProcessor, chat: ChatCompletionRequest, limits: RequestLimits) -> int:
+    """On the worker pool: the tools' limits (they are rendered too), then the prompt as the chat route makes it."""
+    check_tools(chat.tools, limits)
+    return len(inputs.prompt_tokens(chat_prompt(inputs, chat), "messages"))
+
+
+def _with_chat(body: B) -> tuple[B, ChatCompletionRequest | ValueError]:
+    """On the worker that parsed it (the chat request validates it again); what does not fit is kept, to be
+    raised after the model's 404 or 503, in the order every route answers them."""
+    try:
+        return body, body.as_chat()
+    except ValueError as err:
+        return body, err
+
+
+def _fitting(chat: ChatCompletionRequest | ValueError) -> ChatCompletionRequest:
+    """The chat request, or the client's 400 naming what did not fit it."""
+    if isinstance(chat, ValueError):
+        raise bad_request(str(chat))
+    return chat
