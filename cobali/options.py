@@ -112,9 +112,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compact-slots", dest="compact_slots", action="store_false",
                         help="leave a gap when a slot between running ones frees (per-sequence KV "
                              "streams: every gap in the running slots costs llama.cpp one more forward pass a tick)")
-    parser.add_argument("--no-two-pass-ticks", dest="two_pass_ticks", action="store_false",
-                        help="give a tick every prompt chunk its budget allows, however many forward passes "
-                             "llama.cpp then runs (per-sequence KV streams; by default a tick keeps to two)")
+    parser.add_argument("--two-pass-ticks", action=argparse.BooleanOptionalAction, default=False,
+                        help="per-sequence KV streams: a prompt chunk joins a tick only where llama.cpp still runs "
+                             "it in two forward passes (default off: every chunk the tick's budget allows)")
     parser.add_argument("--num-speculative-tokens", type=non_negative_int, default=0,
                         help="speculative decoding by prompt lookup (vLLM's ngram method): up to this many tokens "
                              "guessed from a greedy request's own context ride behind its decode row, and those the "

@@ -6,7 +6,7 @@ each tick's plan (issue 37's CPU proxies).
     .venv/bin/python bench/engine/passes_per_tick.py --sampling host --kv-unified
     .venv/bin/python bench/engine/passes_per_tick.py --num-prompts 24 --max-new 16 --json out.json
     .venv/bin/python bench/engine/passes_per_tick.py --sampling host --show-ticks 8    # and some ticks' passes
-    .venv/bin/python bench/engine/passes_per_tick.py --sampling host --no-two-pass-ticks  # every chunk that fits
+    .venv/bin/python bench/engine/passes_per_tick.py --sampling host --two-pass-ticks  # ticks kept to two passes
 
 Every flag of `cobali run` applies (--max-slots, --prefill-chunk-tokens, --model, ...). --sampling both runs
 the workload twice: greedy tokens by the host's argmax, then picked in llama.cpp's graph (--backend-sampling).
@@ -134,7 +134,7 @@ def main() -> None:
     args = parser.parse_args()
     paths = {"host": [False], "device": [True], "both": [False, True]}[args.sampling]
     layout = "a unified KV" if args.kv_unified else "per-sequence KV streams"
-    layout += "" if args.kv_unified or args.two_pass_ticks else ", every chunk that fits (--no-two-pass-ticks)"
+    layout += ", ticks kept to two passes (--two-pass-ticks)" if args.two_pass_ticks and not args.kv_unified else ""
     results = {}
     for device_sampling in paths:
         label = "greedy tokens picked in llama.cpp's graph" if device_sampling else "greedy tokens by the host's argmax"

@@ -31,8 +31,9 @@ class EngineConfig:
     # (llama.cpp runs a forward pass per run of consecutive seq_ids).
     compact_slots: bool = True
     # Per-sequence KV streams: prompt chunks join a tick only where llama.cpp still runs it in two forward passes
-    # (engine/policies.py, TwoPassTicks); off: every chunk the budget allows.
-    two_pass_ticks: bool = True
+    # (engine/policies.py, TwoPassTicks); off: every chunk the budget allows. Off by default until its cost to
+    # prefill throughput is measured (docs/results.md, "Passes per tick").
+    two_pass_ticks: bool = False
     itl_target_ms: float = 0.0  # > 0: adaptive tick budget from a cost profile; 0: fixed n_batch
     tpot_slo_ms: float = 0.0  # > 0: the deadline budget (engine/budget.py), bounded by itl_max_ms (0: none)
     itl_max_ms: float = 0.0

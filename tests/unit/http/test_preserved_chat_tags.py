@@ -18,6 +18,8 @@ from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.inputs import InputProcessor, ReplyReader
 from cobali.frontend.interface import SamplingParams
+from cobali.frontend.parsers.reasoning import REASONING_PARSERS
+from cobali.frontend.parsers.tools import DEFAULT_TOOL_PARSER, TOOL_PARSERS
 from tests.unit.http.test_chat_tools import END_OF_PROMPT, MISTRAL_TEMPLATE, WEATHER, ask
 from tests.unit.http.test_server_api import fake_app, wait_healthy
 
@@ -79,19 +81,29 @@ def test_without_tools_the_tool_tags_stay_unshown(calling: OpenAI) -> None:
     assert not reply.choices[0].message.tool_calls
 
 
-def inputs_of(template: str) -> InputProcessor:
-    engine = Engine(FakeBackend(n_vocab=98, control_tokens=CONTROL_TOKENS), EngineConfig(max_slots=2))
+def inputs_of(template: str, control_tokens: dict[int, str] = CONTROL_TOKENS) -> InputProcessor:
+    backend = FakeBackend(n_vocab=96 + len(control_tokens), control_tokens=control_tokens)
+    engine = Engine(backend, EngineConfig(max_slots=2))
     return InputProcessor(engine.model_info(), engine.tokenizer, engine.grammars, chat_template=template)
+
+
+def preserved(inputs: InputProcessor, tools: dict) -> frozenset[int]:
+    [(_, params)] = inputs.chat_choices([([1, 2], SamplingParams())], ReplyReader(inputs.parsers, "", tools)).choices
+    return params.preserved_tokens
 
 
 def test_the_tags_preserved_are_the_parsers_control_tokens() -> None:
     inputs = inputs_of(MISTRAL_TEMPLATE)
-    choices = [([1, 2], SamplingParams())]
-    with_tools = inputs.chat_choices(choices, ReplyReader(inputs.parsers, "", {"get_weather": {}})).choices
-    without = inputs.chat_choices(choices, ReplyReader(inputs.parsers, "", {})).choices
     # `[CALL_ID]` is several tokens in this vocabulary (plain text, shown as it is): not preserved.
-    assert with_tools[0][1].preserved_tokens == frozenset(CONTROL_TOKENS)
-    assert without[0][1].preserved_tokens == frozenset()
+    assert preserved(inputs, {"get_weather": {}}) == frozenset(CONTROL_TOKENS)
+    assert preserved(inputs, {}) == frozenset()  # no active tools: the tool-call parser reads nothing
+    # The reasoning parser's tags are kept with tools or without.
+    thinking = inputs_of("[THINK]" + MISTRAL_TEMPLATE, {**CONTROL_TOKENS, 98: "[THINK]", 99: "[/THINK]"})
+    assert preserved(thinking, {}) == {98, 99} and preserved(thinking, {"f": {}}) == {96, 97, 98, 99}
     # A template whose parsers read tags that are plain text here (Hermes's `<tool_call>`) preserves none.
-    hermes = inputs_of("{{ '<tool_call>' }}")
-    assert hermes.chat_choices(choices, ReplyReader(hermes.parsers, "", {"f": {}})).choices == choices
+    assert preserved(inputs_of("{{ '<tool_call>' }}"), {"f": {}}) == frozenset()
+
+
+def test_every_parser_lists_the_tags_it_reads() -> None:
+    for parser in [*TOOL_PARSERS.values(), DEFAULT_TOOL_PARSER, *REASONING_PARSERS.values()]:
+        assert parser.special_tags and all(parser.special_tags), parser.name
