@@ -109,7 +109,7 @@ def zen_lines() -> list[str]:
 def make_counter() -> tuple[Counter, str]:
     try:
         from cobali.backends.llama_cpp import LlamaCppBackend
-        from cobali.backends.llama_cpp_config import LlamaCppConfig
+        from cobali.backends.llama_cpp.config import LlamaCppConfig
 
         backend = LlamaCppBackend(LlamaCppConfig(n_seq_max=1, n_batch=64))
         return (lambda text: len(backend.tokenize(text))), "SmolLM2-135M-Instruct tokenizer"
