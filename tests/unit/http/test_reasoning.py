@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import openai
 from openai import OpenAI
 
 from cobali import cli
@@ -144,3 +145,21 @@ def test_an_unknown_parser_is_a_cli_error_naming_it(flag: str, capsys: pytest.Ca
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert flag in error and "'nonesuch' is not one of" in error
+
+
+def test_chat_template_kwargs_cannot_override_the_servers_variables(thinking: OpenAI) -> None:
+    for name in ("messages", "add_generation_prompt", "tools"):
+        with pytest.raises(openai.BadRequestError, match=f"chat_template_kwargs cannot set {name}"):
+            ask(thinking, extra_body={"chat_template_kwargs": {name: []}})
+
+
+def test_the_largest_chat_template_kwargs_the_body_limit_allows_cost_only_their_parse(thinking: OpenAI) -> None:
+    """Worst case within --max-body-bytes (1 MiB): thousands of variables the template never reads, nested
+    values among them. The reply is the usual one and the server stays healthy for the next request."""
+    variables = {f"v{i}": ["x" * 64, {"deep": [[[i]]]}] for i in range(9000)}
+    assert 800_000 < len(json.dumps(variables)) < 1_000_000
+    usual = ask(thinking)
+    loaded = ask(thinking, extra_body={"chat_template_kwargs": variables})
+    assert loaded.usage.prompt_tokens == usual.usage.prompt_tokens
+    assert loaded.choices[0].message.content == usual.choices[0].message.content
+    assert ask(thinking).choices[0].message.content == usual.choices[0].message.content
