@@ -8,8 +8,8 @@ import argparse
 import json
 from collections.abc import Iterator
 
-import pytest
 import openai
+import pytest
 from openai import OpenAI
 
 from cobali import cli
