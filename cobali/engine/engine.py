@@ -281,7 +281,7 @@ class Engine:
             return False
         preserved, plain = request.params.preserved_tokens, self.executor.token_bytes  # preserved: their text kept
         text = (b"".join(map(plain, tokens)) if not preserved else
-                b"".join(self.backend.special_token_bytes(t) if t in preserved else plain(t) for t in tokens))
+                b"".join(self.executor.special_token_bytes(t) if t in preserved else plain(t) for t in tokens))
         return stream.push(text, decoded=end)
 
     def finish(self, request: Request, reason: FinishReason, now: float, error: str | Exception | None = None,

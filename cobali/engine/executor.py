@@ -73,6 +73,7 @@ class Executor:
                                   Guide(self.grammars, backend.info.n_vocab))
         self.eog_ids = frozenset(self.sampler.eog_ids.tolist())
         self.token_bytes = backend.token_bytes
+        self.special_token_bytes = backend.special_token_bytes
         self.n_draft_tokens = self.n_accepted_tokens = 0  # guessed tokens fed, and those kept
         self._n_logprobs = 0  # requests taken in and not released that report sampled tokens' logprobs
         self._arrays = backend.batch_arrays()  # filled in place: decode reads these very arrays
