@@ -10,15 +10,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from cobali.frontend.chat_template import ChatPrompter
-from cobali.frontend.errors import bad_request
+from cobali.frontend.chat_template import ChatPrompter, PromptTooLong
+from cobali.frontend.errors import APIError, bad_request
 from cobali.frontend.interface import ModelInfo, SamplingParams, Tokenizer
 from cobali.frontend.parsers.calls import ToolSchemas
 from cobali.frontend.parsers.reply import AUTO, ReplyDelta, ReplyParsers, ReplyStream
-from cobali.frontend.request_limits import RequestLimits, check_prompt_logprobs
+from cobali.frontend.request_limits import RequestLimits, check_prompt_logprobs, check_template_inputs
 from cobali.structured.compiler import GrammarCompiler
 
 Choices = list[tuple[list[int], SamplingParams]]  # one (prompt tokens, params) per engine request
+# Characters a token may hold where the backend does not say (the fake's): generous, as no real vocabulary's
+# longest token is longer.
+UNKNOWN_TOKEN_CHARS = 256
 
 
 class ChoiceRequest(Protocol):
@@ -46,7 +49,8 @@ class ReplyReader:
         return self.parsers.stream(self.prompt, self.tools)
 
     def whole(self, text: str) -> ReplyDelta:
-        """A whole reply; beside calls, its content without the whitespace around them."""
+        """A whole reply; beside calls, its content without the whitespace around them. O(text): the routes run
+        it on the worker pool (cobali.http.routes.completions.read_off_loop)."""
         read = self.parsers.parse(text, self.prompt, self.tools)
         return read._replace(content=read.content.strip()) if read.calls else read
 
@@ -76,7 +80,12 @@ class InputProcessor:
         source = self.model.chat_template
         if self._chat_template is not None:
             source = dataclasses.replace(source, text=self._chat_template)
-        return ChatPrompter(source, self.tokenizer.apply_chat_template)
+        return ChatPrompter(source, self.tokenizer.apply_chat_template, self.max_prompt_chars)
+
+    @functools.cached_property
+    def max_prompt_chars(self) -> int:
+        """Characters past which no prompt fits the context: a chat template stops writing there."""
+        return self.tokenizer.max_prompt_chars or self.model.max_model_len * UNKNOWN_TOKEN_CHARS
 
     @functools.cached_property
     def parsers(self) -> ReplyParsers:
@@ -118,13 +127,28 @@ class InputProcessor:
             raise bad_request(str(err), param) from None
 
     def chat_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  variables: Mapping[str, Any] | None = None) -> str:
-        """The messages and tools through the chat template, with the request's own template variables
-        (chat_template_kwargs); a template that refuses them is a 400."""
+                  variables: Mapping[str, Any] | None, limits: RequestLimits) -> str:
+        """The messages and tools through the chat template, with those of the request's own template variables
+        (chat_template_kwargs) that it reads, all within the limits; a template that refuses them is a 400, and
+        so is a prompt longer than the context, refused as soon as the template has written that much."""
+        read = self.prompter.variables_read(variables)
+        if self.prompter.jinja is not None:  # llama.cpp's matcher reads the messages' text alone
+            check_template_inputs(messages, read, limits)
         try:
-            return self.prompter.prompt(messages, tools, variables)
+            return self.prompter.prompt(messages, tools, read)
+        except PromptTooLong as err:
+            raise self.too_long(f"over {err.max_chars}", "messages") from None
         except ValueError as err:
             raise bad_request(str(err), "messages") from None
+
+    def check_length(self, text: str, param: str) -> None:
+        """A 400 if the text cannot fit the context, before it is tokenized (the cost grows with the text)."""
+        if len(text) > self.max_prompt_chars:
+            raise self.too_long(str(len(text)), param)
+
+    def too_long(self, chars: str, param: str) -> APIError:
+        """The context's refusal of a prompt of `chars` characters, as prompt_tokens words it."""
+        return bad_request(str(self.tokenizer.too_long(chars)), param)
 
     def check_token_ids(self, tokens: list[int], what: str, param: str) -> None:
         """A 400 naming `what` unless every id is in the vocabulary."""

@@ -4,6 +4,7 @@ value, the JSON values a text holds."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 import uuid
@@ -67,15 +68,19 @@ def every_call(calls: list[ParsedCall | None]) -> tuple[ParsedCall, ...] | None:
     return tuple(call for call in calls if call is not None)
 
 
-def loads(text: str) -> Any:
-    """The JSON value `text` holds, or None."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
+MAX_JSON_DEPTH = 128  # a model's JSON nested deeper is no call: it stays text, and never meets a recursive codec
 DECODER = json.JSONDecoder()
+_MARK = re.compile(r'[\[\]{}"]')  # what a bracket-and-string scan stops at, outside a string
+_STRING_MARK = re.compile(r'["\\]')  # and inside one
+
+
+def loads(text: str) -> Any:
+    """The JSON value `text` holds, or None (also where it nests deeper than MAX_JSON_DEPTH)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: a model's `[[[[…`, thousands deep
+        return None
+    return value if not JsonScan(0).read(text, 0).too_deep else None
 
 
 def json_values(text: str, separators: str = "") -> list[Any] | None:
@@ -89,7 +94,44 @@ def json_values(text: str, separators: str = "") -> list[Any] | None:
         if at == len(text):
             return values or None
         try:
-            value, at = DECODER.raw_decode(text, at)
-        except ValueError:
+            value, end = DECODER.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            return None
+        if JsonScan(at).read(text, 0, end).too_deep:
             return None
         values.append(value)
+        at = end
+
+
+class JsonScan:
+    """A JSON value read as its text comes, only as far as its brackets and strings go: where it ends (a value
+    that opens with a bracket or a quote), and whether it nests deeper than MAX_JSON_DEPTH. Each character is
+    read once, however the text is cut; what lies between brackets and quotes is skipped in one regex step."""
+
+    def __init__(self, at: int) -> None:
+        self.start = self.at = at  # where the value starts; the first character not read yet
+        self.depth = 0
+        self.in_string = False
+        self.end: int | None = None  # just past the value, once it has closed
+        self.too_deep = False  # it went deeper than MAX_JSON_DEPTH: no more is read
+
+    def read(self, text: str, base: int, stop: int | None = None) -> JsonScan:
+        """Read on to `stop` (the end of `text` by default), `text`'s first character standing at position `base`."""
+        at, stop = self.at - base, len(text) if stop is None else stop - base
+        while self.end is None and not self.too_deep:
+            mark = (_STRING_MARK if self.in_string else _MARK).search(text, at, stop)
+            if mark is None or (mark.group() == "\\" and mark.end() == stop):
+                at = stop if mark is None else mark.start()  # an escape waits for the character it escapes
+                break
+            at = mark.end()
+            if mark.group() == "\\":
+                at += 1
+            elif mark.group() == '"':
+                self.in_string = not self.in_string
+            else:
+                self.depth += 1 if mark.group() in "[{" else -1
+                self.too_deep = self.depth > MAX_JSON_DEPTH
+            if self.depth <= 0 and not self.in_string:
+                self.end = at + base
+        self.at = at + base
+        return self

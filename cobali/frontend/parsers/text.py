@@ -1,7 +1,9 @@
-"""Where a stream must stop sending: at the first of some tokens, or at the tail that may still grow into one."""
+"""Where a stream must stop sending (at the tail that may still grow into one of some tokens), and where a run
+of characters ends."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
@@ -17,12 +19,8 @@ def held_tail(text: str, tokens: Iterable[str], start: int = 0) -> int:
     return longest
 
 
-def first_of(text: str, tokens: Iterable[str], start: int = 0) -> tuple[int, str] | None:
-    """Where the earliest of `tokens` starts in `text` from `start`, and which one (the longest, where two start
-    at the same place)."""
-    found: tuple[int, str] | None = None
-    for token in tokens:
-        at = text.find(token, start)
-        if at >= 0 and (found is None or at < found[0] or (at == found[0] and len(token) > len(found[1]))):
-            found = (at, token)
-    return found
+def run_end(run: re.Pattern[str], text: str, at: int) -> int:
+    """Where `run` (a pattern that may match no character, such as `\\s*`) ends, matched at `at`."""
+    match = run.match(text, at)
+    assert match is not None, run.pattern
+    return match.end()

@@ -178,11 +178,25 @@ class Reply:
                             "finish_reason": None} for i in range(len(self.generation.request_ids))],
                           self.usage_so_far(0, 0) if self.continuous_usage else None)
 
-    def delta_chunk(self, output: RequestOutput) -> str:
+    def finishes_reading(self, outputs: Sequence[RequestOutput]) -> bool:
+        """Whether reading these ends a choice's parsers: their finish() costs O(what they held), so the read is
+        for the worker pool, not the event loop (the feeds before cost O(their text))."""
+        return self._readings is not None and any(output.finished for output in outputs)
+
+    def read(self, outputs: Sequence[RequestOutput]) -> list[ReplyDelta]:
+        """Each output's new text through its choice's parsers (the echoed prompt first, once)."""
+        reads = []
+        for output in outputs:
+            index = self.generation.index_of(output)
+            text = self.echo(index) + output.text
+            reading = self._readings[index] if self._readings is not None else None
+            reads.append(reading.read(text, output.finished) if reading is not None else ReplyDelta(content=text))
+        return reads
+
+    def delta_chunk(self, output: RequestOutput, read: ReplyDelta) -> str:
+        """The chunk of an output, `read` its text."""
         index = self.generation.index_of(output)
-        text = self.echo(index) + output.text
         reading = self._readings[index] if self._readings is not None else None
-        read = reading.read(text, output.finished) if reading is not None else ReplyDelta(content=text)
         if self._is_plain(output, read):
             return f"{self._chunk_head}{self.kind.text_chunk_choices(index, read.content)}}}\n\n"
         reason = finish_reason(output) if output.finished else None

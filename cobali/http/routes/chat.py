@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from cobali.frontend.inputs import ChatChoices, InputProcessor, ReplyReader
+from cobali.frontend.request_limits import RequestLimits
 from cobali.http.disconnect import cancelled_on_disconnect
 from cobali.http.parse import json_body
 from cobali.http.protocol.chat import ChatCompletionRequest
@@ -19,11 +20,11 @@ from cobali.http.routes.completions import generate, generation_body, inputs_for
 router = APIRouter()
 
 
-def chat_prompt(inputs: InputProcessor, body: ChatCompletionRequest) -> str:
+def chat_prompt(inputs: InputProcessor, body: ChatCompletionRequest, limits: RequestLimits) -> str:
     """The messages and active tools through the chat template, with the request's own variables."""
     messages = [m.as_template_input() for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.active_tools] or None
-    return inputs.chat_text(messages, tools, body.chat_template_kwargs)
+    return inputs.chat_text(messages, tools, body.chat_template_kwargs, limits)
 
 
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
@@ -38,8 +39,8 @@ async def chat_completions(http: Request) -> Response:
 def chat_choices(http: Request, inputs: InputProcessor, body: ChatCompletionRequest) -> ChatChoices:
     """The prompt through the template, tokenized, the choices' params (a forced call in the model's own
     format), and how their replies are read: on the worker pool."""
-    prompt = chat_prompt(inputs, body)
+    limits = http.app.state.server.config.limits
+    prompt = chat_prompt(inputs, body, limits)
     tokens = inputs.prompt_tokens(prompt, "messages", body.truncate_prompt_tokens)
-    choices = inputs.choices(body.for_model_writing(inputs.parsers.tools), [tokens],
-                             http.app.state.server.config.limits)
+    choices = inputs.choices(body.for_model_writing(inputs.parsers.tools), [tokens], limits)
     return inputs.chat_choices(choices, ReplyReader(inputs.parsers, prompt, body.tool_schemas()))

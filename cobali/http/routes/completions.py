@@ -12,11 +12,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from cobali.frontend.client import EngineState
-from cobali.frontend.errors import unknown_model
+from cobali.frontend.errors import APIError, unknown_model
 from cobali.frontend.generation import Generation, GenerationError
 from cobali.frontend.inputs import Choices, InputProcessor
 from cobali.frontend.request_limits import RequestLimits, check_request
 from cobali.frontend.work_pool import client_of
+from cobali.http.auth import keyed_choices
 from cobali.http.disconnect import cancelled_on_disconnect, client_watch
 from cobali.http.event_stream import EventStream
 from cobali.http.parse import json_body, parse_body
@@ -32,12 +33,36 @@ G = TypeVar("G", bound=GenerationRequest)
 router = APIRouter()
 
 
-async def _stream(reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+class ReplyUnread(GenerationError):
+    """The worker pool did not read a finished reply (busy, or over --preprocess-timeout): its client is told
+    as the pool's error says, in-band where a stream has begun."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+    def api_error(self) -> APIError:
+        return self.error
+
+
+async def read_off_loop(http: Request, work: Callable[[], T]) -> T:
+    """work() (a whole reply through its parsers, n of them for n choices, or a stream's last read with the
+    parsers' finish) on the worker pool: on the event loop a long reply would stall every other stream."""
+    server: ServerContext = http.app.state.server
+    try:
+        return await server.pool.run(client_of(http), work)
+    except APIError as err:
+        raise ReplyUnread(err) from err
+
+
+async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
     try:
         if (opening := reply.opening()) is not None:
             yield opening
         async for outputs in reply.generation.batches():  # one write for all that arrived together
-            chunk = "".join(map(reply.delta_chunk, outputs))
+            read = functools.partial(reply.read, outputs)
+            reads = await read_off_loop(http, read) if reply.finishes_reading(outputs) else read()
+            chunk = "".join(map(reply.delta_chunk, outputs, reads))
             if not reply.generation.unfinished:  # the last text: the stream's end rides in the same write
                 chunk += (reply.chunk([], reply.usage()) if include_usage else "") + "data: [DONE]\n\n"
             yield chunk
@@ -85,8 +110,10 @@ async def generation_body(http: Request, model: type[G]) -> G:
 
 
 def submit(http: Request, body: GenerationRequest, prepared: Choices) -> Generation:
-    """The request's choices (prompts x n), queued on the engine, and aborted the moment the client goes."""
+    """The request's choices (prompts x n), queued on the engine under its key's prefix cache, and aborted the
+    moment the client goes."""
     server: ServerContext = http.app.state.server
+    prepared = keyed_choices(http.scope, prepared, server.config.shared_prefix_cache)
     generation = server.client.submit(prepared, body.priority, server.lora_of(body.model))
     client_watch(http).on_gone(generation.abort)
     return generation
@@ -123,9 +150,10 @@ async def generate(http: Request, inputs: InputProcessor, body: GenerationReques
                       prompt_logprobs, token_bytes=inputs.tokenizer.token_bytes, k=body.prompt_logprobs))
     headers = ignored_fields_headers(body)
     if body.stream:
-        return event_stream(http, _stream(reply, body.include_usage), headers, generation)
+        return event_stream(http, _stream(http, reply, body.include_usage), headers, generation)
     await until_finished(generation)
-    return JSONResponse(reply.full(), headers=headers)
+    return JSONResponse(await read_off_loop(http, reply.full) if kind.replies is not None else reply.full(),
+                        headers=headers)
 
 
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))

@@ -32,6 +32,7 @@ from cobali.http.routes.completions import (
     event_stream,
     inputs_for,
     preprocessed,
+    read_off_loop,
     refuse_when_full,
     submit,
     until_finished,
@@ -60,7 +61,7 @@ class MessageReply:
         return anthropic.message(self.id, self.model, reply, anthropic.stop_reason(choice.last, bool(reply.calls)),
                                  anthropic.final_usage(self.input_tokens, choice.last))
 
-    async def events(self) -> AsyncIterator[str]:
+    async def events(self, http: Request) -> AsyncIterator[str]:
         """The stream's events, those of outputs that arrived together in one write."""
         stream, parser = anthropic.MessageStream(self.id, self.model), self.replies.stream()
         try:
@@ -70,7 +71,7 @@ class MessageReply:
                 for output in outputs:
                     events += stream.delta(parser.feed(output.text))
                     if output.finished:
-                        events += stream.delta(parser.finish())
+                        events += stream.delta(await read_off_loop(http, parser.finish))
                         events += stream.finish(anthropic.stop_reason(output, stream.called),
                                                 anthropic.final_usage(self.input_tokens, output))
                 if events:
@@ -94,12 +95,13 @@ async def messages(http: Request) -> Response:
                          anthropic.message_id())
     headers = ignored_fields_headers(body)
     if body.stream:
-        return event_stream(http, reply.events(), headers, generation)
+        return event_stream(http, reply.events(http), headers, generation)
     await until_finished(generation)
-    return JSONResponse(reply.whole(), headers=headers)
+    return JSONResponse(await read_off_loop(http, reply.whole), headers=headers)
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
+@cancelled_on_disconnect  # a vanished client's count waiting for a worker is never run
 async def count_tokens(http: Request) -> JSONResponse:
     body, translated = await parse_then(http, CountTokensRequest, _with_chat)
     inputs = inputs_for(http, body.model)
@@ -112,7 +114,7 @@ async def count_tokens(http: Request) -> JSONResponse:
 def _prompt_tokens(inputs: InputProcessor, chat: ChatCompletionRequest, limits: RequestLimits) -> int:
     """On the worker pool: the tools' limits (they are rendered too), then the prompt as the chat route makes it."""
     check_tools(chat.tools, limits)
-    return len(inputs.prompt_tokens(chat_prompt(inputs, chat), "messages"))
+    return len(inputs.prompt_tokens(chat_prompt(inputs, chat, limits), "messages"))
 
 
 def _with_chat(body: B) -> tuple[B, ChatCompletionRequest | ValueError]:

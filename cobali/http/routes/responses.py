@@ -33,6 +33,7 @@ from cobali.http.routes.completions import (
     event_stream,
     inputs_for,
     preprocessed,
+    read_off_loop,
     refuse_when_full,
     submit,
     until_finished,
@@ -187,7 +188,7 @@ def _logprobs(kind: str) -> dict:
     return {"logprobs": []} if kind == MESSAGE else {}
 
 
-async def _events(reply: ResponseObject) -> AsyncIterator[str]:
+async def _events(http: Request, reply: ResponseObject) -> AsyncIterator[str]:
     event, stream = EventWriter(), reply.replies.stream()
     output = StreamedOutput(event)
     try:
@@ -197,7 +198,7 @@ async def _events(reply: ResponseObject) -> AsyncIterator[str]:
             for text in output.read(stream.feed(got.text)):
                 yield text
             if got.finished:
-                for text in (*output.read(stream.finish()), *output.close()):
+                for text in (*output.read(await read_off_loop(http, stream.finish)), *output.close()):
                     yield text
         yield event("response.completed", response=reply.envelope("completed", output.done))
     except GenerationError as err:  # headers are sent: report in-band
@@ -219,9 +220,9 @@ async def responses(http: Request) -> Response:
                            len(prepared.choices[0][0]), prepared.replies)
     headers = ignored_fields_headers(body)
     if body.stream:
-        return event_stream(http, _events(reply), headers, generation)
+        return event_stream(http, _events(http, reply), headers, generation)
     await until_finished(generation)
-    return JSONResponse(reply.final(), headers=headers)
+    return JSONResponse(await read_off_loop(http, reply.final), headers=headers)
 
 
 def _as_chat(body: ResponsesRequest) -> tuple[ResponsesRequest, ChatCompletionRequest | ValueError]:

@@ -62,14 +62,17 @@ async def tokenize_route(http: Request) -> JSONResponse:
 
 
 def _tokenized(inputs: InputProcessor, body: TokenizeRequest, limits: RequestLimits) -> dict:
-    """On the worker pool: the tools' limits (their JSON is measured), the template, the tokens and their texts."""
+    """On the worker pool: the tools' limits (their JSON is measured), the template, the tokens and their texts.
+    A text that cannot fit the context is refused as generation refuses it, before it is tokenized (the chat
+    template stops writing there); one that may fit is counted, its count beside max_model_len."""
     check_tools(body.tools, limits)
     if body.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in body.tools or ()] or None
-        text = inputs.chat_text([m.as_template_input() for m in body.messages], tools)
+        text = inputs.chat_text([m.as_template_input() for m in body.messages], tools, None, limits)
     else:
         assert body.prompt is not None
         text = body.prompt
+        inputs.check_length(text, "prompt")
     tokenizer = inputs.tokenizer
     tokens = tokenizer.encode(text, body.add_special_tokens)
     strs = None

@@ -67,6 +67,14 @@ REPLIES = [
     Reply("openai_gptoss", "Just text, <b>no</b> harmony <|here|>.", None, "Just text, <b>no</b> harmony <|here|>."),
     Reply("openai_gptoss", "<|channel|>final\nnot a header<|message|>x", None, "<|channel|>final\nnot a header"
           "<|message|>x"),
+    # Issue 44: whitespace before the tag, kept aside as it streams; a header too long to be one; tags back to back.
+    Reply("qwen3", " \n\t <think>\n  x</think>  y", "x", "y"),
+    Reply("qwen3", "  \n  Hello", None, "  \n  Hello"),
+    Reply("deepseek_r1", "  \n Hmm</think>\n\n  Four.", "Hmm", "Four."),
+    Reply("openai_gptoss", "<|channel|>" + "a" * 300 + "<|message|>x<|end|>", None,
+          "<|channel|>" + "a" * 300 + "<|message|>x"),
+    Reply("openai_gptoss", "<|start|><|start|><|end|><|channel|>analysis<|message|>a<|end|><|start|>", "a",
+          "<|start|><|start|><|start|>"),
 ]
 
 
@@ -108,6 +116,21 @@ def test_a_stream_holds_back_only_what_may_be_a_tag(parser: str, prompt: str, pi
                                                      sent: list[tuple[str, str]]) -> None:
     stream = reasoning_parser(parser).stream(prompt)
     assert [tuple(stream.feed(piece)) for piece in pieces] == sent
+
+
+@pytest.mark.parametrize(("parser", "prompt", "read"), [
+    ("qwen3", "x" * 1_000_000 + QWEN_PROMPT + "<think>" + "\n" * 1000, ("Plan.", "Hi")),
+    ("qwen3", "<think>" + " " * 300 + "x", (None, "Plan.</think>Hi")),
+    ("deepseek_r1", "x" * 1_000_000 + "<think>\n\n</think>" + " " * 1000, (None, "Plan.</think>Hi")),
+    ("openai_gptoss", "x" * 1_000_000 + HARMONY_PROMPT + "<|channel|>analysis<|message|>", ("Plan.</think>Hi", None)),
+    ("openai_gptoss", "<|start|>assistant<|channel|>" + "a" * 300 + "<|message|>", (None, "Plan.</think>Hi")),
+    ("openai_gptoss", "a" * 300 + "<|message|>", (None, "Plan.</think>Hi")),
+])
+def test_only_the_prompts_end_tells_where_the_reply_starts(parser: str, prompt: str,
+                                                           read: tuple[str | None, str | None]) -> None:
+    """A template's opened block is found at the prompt's end, however long the prompt (a header is at most
+    MAX_HEADER characters: one longer is none)."""
+    assert reasoning_parser(parser).parse("Plan.</think>Hi", prompt) == read
 
 
 def test_the_gpt_oss_reasoning_parser_leaves_calls_for_the_tool_parser_at_every_split() -> None:

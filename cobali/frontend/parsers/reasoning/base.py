@@ -26,7 +26,9 @@ class ReasoningStream(ABC):
 
     @abstractmethod
     def _advance(self, final: bool) -> ReasoningDelta:
-        """Hand back what `held` can give now; everything when `final`."""
+        """Hand back what `held` can give now; everything when `final`. Model output is hostile: `held` is read
+        once, forward, and what is kept in it for the next feed is bounded (a tag's beginning, a short header),
+        so that a feed costs O(its text) and a whole reply O(its length)."""
 
 
 class ReasoningParser(ABC):

@@ -7,17 +7,19 @@ from __future__ import annotations
 from enum import Enum
 
 from cobali.frontend.parsers.harmony import (
+    BODY_END,
     BODY_ENDS,
     HARMONY_TOKENS,
     MESSAGE,
     START,
     Header,
+    header_end,
     may_be_header,
     open_header,
     read_header,
 )
 from cobali.frontend.parsers.reasoning.base import ReasoningDelta, ReasoningParser, ReasoningStream
-from cobali.frontend.parsers.text import first_of, held_tail
+from cobali.frontend.parsers.text import held_tail
 
 
 class Body(Enum):
@@ -45,6 +47,9 @@ class GptOss(ReasoningParser):
 
 
 class GptOssStream(ReasoningStream):
+    """Reads `held` once, from a position that only moves forward; what it keeps for the next feed is at most a
+    header (MAX_HEADER) or the beginning of an end token, so that a feed costs O(its text)."""
+
     def __init__(self, body: Body | None) -> None:
         """body: the kind of message body the prompt left open; None: the reply starts with a header."""
         super().__init__()
@@ -52,46 +57,44 @@ class GptOssStream(ReasoningStream):
 
     def _advance(self, final: bool) -> ReasoningDelta:
         out: dict[Body, list[str]] = {Body.REASONING: [], Body.CONTENT: []}
-        while self.held:
-            if self.body is None and not self._read_header(out, final):
-                break
-            if self.body is not None and not self._read_body(out, final):
-                break
+        at, more = 0, True
+        while more and at < len(self.held):
+            read = self._read_header if self.body is None else self._read_body
+            at, more = read(at, out, final)
+        self.held = self.held[at:]
         return ReasoningDelta("".join(out[Body.REASONING]), "".join(out[Body.CONTENT]))
 
-    def _read_header(self, out: dict[Body, list[str]], final: bool) -> bool:
-        """Read the header `held` starts with; False to wait for more."""
-        at = self.held.find(MESSAGE)
-        header = read_header(self.held[:at]) if at >= 0 else None
+    def _read_header(self, at: int, out: dict[Body, list[str]], final: bool) -> tuple[int, bool]:
+        """Read the header at `at`: where reading stopped, and whether it goes on (False: wait for more)."""
+        text = self.held
+        end = header_end(text, at)
+        header = read_header(text[at:end]) if end >= 0 else None
         if header is not None:
             self.body = body_of(header)
             if self.body is Body.WHOLE:  # with its own `<|start|>`, so that it reads the same wherever it lands
-                head = self.held[:at + len(MESSAGE)]
+                head = text[at:end + len(MESSAGE)]
                 out[Body.CONTENT].append(head if head.startswith(START) else f"{START}assistant{head}")
-            self.held = self.held[at + len(MESSAGE):]
-            return True
-        if at < 0 and may_be_header(self.held) and not final:
-            return False
+            return end + len(MESSAGE), True
+        if end < 0 and not final and may_be_header(text, at):
+            return at, False
         # Not a header: text, from its first character on (a `<|start|>` it opens with is not read again).
         self.body = Body.CONTENT
-        opener = len(START) if self.held.startswith(START) else 0
-        out[Body.CONTENT].append(self.held[:opener])
-        self.held = self.held[opener:]
-        return True
+        if text.startswith(START, at):
+            out[Body.CONTENT].append(START)
+            return at + len(START), True
+        return at, True
 
-    def _read_body(self, out: dict[Body, list[str]], final: bool) -> bool:
-        """Read the body up to its end token; False to wait for more."""
+    def _read_body(self, at: int, out: dict[Body, list[str]], final: bool) -> tuple[int, bool]:
+        """Read the body from `at` up to its end token, as _read_header."""
         assert self.body is not None
+        text = self.held
         into = out[Body.REASONING if self.body is Body.REASONING else Body.CONTENT]
-        found = first_of(self.held, BODY_ENDS)
-        if found is None:
-            keep = 0 if final else held_tail(self.held, BODY_ENDS)
-            into.append(self.held[:len(self.held) - keep])
-            self.held = self.held[len(self.held) - keep:]
-            return False
-        at, token = found
-        kept = at + len(token) if token != START else at  # a `<|start|>` opens the next header
-        into.append(self.held[:kept] if self.body is Body.WHOLE else self.held[:at])
-        self.held = self.held[kept:]
+        found = BODY_END.search(text, at)
+        if found is None:  # all of it, but a tail that may be an end token's beginning
+            end = len(text) - (0 if final else held_tail(text, BODY_ENDS, at))
+            into.append(text[at:end])
+            return end, False
+        kept = found.end() if found.group() != START else found.start()  # a `<|start|>` opens the next header
+        into.append(text[at:kept] if self.body is Body.WHOLE else text[at:found.start()])
         self.body = None
-        return True
+        return kept, True

@@ -1,6 +1,10 @@
 """The frame every tool-call format runs in: a stream that asks its format, at the first text not yet sent, how
 much of it is plain text, how much is a call, or whether it must wait for more; a whole reply is one feed and the
-finish. And the forced-call grammar of a format whose arguments are JSON."""
+finish. And the forced-call grammar of a format whose arguments are JSON.
+
+Model output is hostile, so a reply costs time linear in its length, whole or streamed: the text not yet sent is
+kept in the pieces it came in (Held), a format that waits keeps in Held.scan how far it has read, and on the next
+feed reads only what came since; the text is joined and read whole only once a call (or text) is decided."""
 
 from __future__ import annotations
 
@@ -40,9 +44,70 @@ class Step:
     calls: tuple[ParsedCall, ...] | None = None  # None: that text is content; else a call block, its text dropped
 
 
-def plain_text(text: str, start: int, openers: Iterable[str], context: Context) -> Step:
+class Held:
+    """The reply's text from the first character not yet sent (`start`) to `end`, positions counted from the
+    reply's start. New pieces are kept apart until something needs the text whole, so that a block that waits
+    for its end is not copied at each piece."""
+
+    def __init__(self) -> None:
+        self.start = self.end = 0
+        self.scan: Any = None  # what the format has read of the text at `start` so far; None when start moves
+        self.opening: Any = None  # Llama 3's reading of the reply's opening (at position 0 only)
+        self._text, self._base = "", 0  # text joined so far, and the position of its first character
+        self._pieces: list[str] = []
+
+    def add(self, piece: str) -> None:
+        self._pieces.append(piece)
+        self.end += len(piece)
+
+    def text(self) -> tuple[str, int]:
+        """The held text whole, and the position of its first character (at most `start`). Joins what came since
+        the last call: a format asks for it to decide, not while it waits."""
+        if self._pieces:
+            whole = "".join([self._text, *self._pieces])
+            self._text, self._base, self._pieces = whole[self.start - self._base:], self.start, []
+        return self._text, self._base
+
+    def window(self, at: int) -> tuple[str, int]:
+        """The text from `at` (at least `start`) on, as (a text, the position of its first character): the text
+        joined so far where nothing came since (no copy), else only what lies from `at` on."""
+        return (self._text, self._base) if not self._pieces else (self._since(at), at)
+
+    def _since(self, at: int) -> str:
+        """The text from `at` on, reading only that far back (and one piece)."""
+        assert self.start <= at <= self.end, (self.start, at, self.end)
+        newest: list[str] = []  # the pieces from the newest back to the one `at` falls in
+        reach = self.end  # where the first of them starts
+        for piece in reversed(self._pieces):
+            if reach <= at:
+                break
+            newest.append(piece)
+            reach -= len(piece)
+        if reach > at:  # `at` falls in the text already joined
+            newest.append(self._text[at - self._base:])
+            reach = at
+        return "".join(reversed(newest))[at - reach:]
+
+    def find(self, token: str, at: int) -> int:
+        """Where `token` first stands from `at` on, or -1; reads only from `at`."""
+        text, base = self.window(at)
+        found = text.find(token, at - base)
+        return found + base if found >= 0 else -1
+
+    def move(self, to: int) -> None:
+        """Mark the text before `to` as sent."""
+        self.start, self.scan = to, None
+
+    def forget(self) -> None:
+        """Drop the text already sent (once a feed is read: within one, positions stay valid in text())."""
+        if not self._pieces and self.start > self._base:
+            self._text, self._base = self._text[self.start - self._base:], self.start
+
+
+def plain_text(held: Held, openers: Iterable[str], context: Context) -> Step:
     """Everything from `start` is content, but for a tail that may be the beginning of one of `openers`."""
-    return Step(len(text) - (0 if context.final else held_tail(text, openers, start)))
+    text, base = held.text()
+    return Step(held.end - (0 if context.final else held_tail(text, openers, held.start - base)))
 
 
 class ToolFormat(ABC):
@@ -63,9 +128,9 @@ class ToolFormat(ABC):
         return openai_call_id()
 
     @abstractmethod
-    def step(self, text: str, start: int, context: Context) -> Step:
-        """Read `text` from `start` (a position some earlier step ended at). Must not wait when context.final, and
-        must decide nothing that more text could change."""
+    def step(self, held: Held, context: Context) -> Step:
+        """Read the held text from its start. Must not wait when context.final, must decide nothing that more
+        text could change, and, waiting, must keep in held.scan what it has read, so as to read it only once."""
 
     def stream(self, tools: Iterable[str] | ToolSchemas) -> ToolCallStream:
         return ToolCallStream(self, tool_schemas(tools))
@@ -116,12 +181,11 @@ class ToolCallStream:
     def __init__(self, format_: ToolFormat, tools: ToolSchemas) -> None:
         self.format = format_
         self.tools = tools
-        self.text = ""
-        self.sent = 0  # text before this was sent, or read as calls
+        self.held = Held()
         self.had_calls = False
 
     def feed(self, delta: str) -> StreamDelta:
-        self.text += delta
+        self.held.add(delta)
         return self._advance(final=False)
 
     def finish(self) -> StreamDelta:
@@ -130,16 +194,19 @@ class ToolCallStream:
     def _advance(self, final: bool) -> StreamDelta:
         content: list[str] = []
         calls: list[ParsedCall] = []
-        while self.sent < len(self.text):
-            step = self.format.step(self.text, self.sent, Context(self.tools, final, self.had_calls))
-            assert self.sent <= step.end <= len(self.text), (self.format.name, self.sent, step)
-            if step.end == self.sent:
+        held = self.held
+        while held.start < held.end:
+            step = self.format.step(held, Context(self.tools, final, self.had_calls))
+            assert held.start <= step.end <= held.end, (self.format.name, held.start, step)
+            if step.end == held.start:
                 assert not final, f"{self.format.name} waited at the end of the reply"
                 break
             if step.calls is None:
-                content.append(self.text[self.sent:step.end])
+                text, base = held.text()
+                content.append(text[held.start - base:step.end - base])
             else:
                 calls.extend(step.calls)
                 self.had_calls = self.had_calls or bool(step.calls)
-            self.sent = step.end
+            held.move(step.end)
+        held.forget()
         return StreamDelta("".join(content), tuple(calls))

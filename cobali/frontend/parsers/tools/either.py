@@ -3,7 +3,7 @@ tags (the two forms models write most, and what cobali read before it had a pars
 
 from __future__ import annotations
 
-from cobali.frontend.parsers.tools.base import Context, Step, ToolFormat
+from cobali.frontend.parsers.tools.base import Context, Held, Step, ToolFormat
 from cobali.frontend.parsers.tools.llama3 import Llama3Json, opens_call
 from cobali.frontend.parsers.tools.tagged import Hermes
 
@@ -19,11 +19,11 @@ class HermesOrLlama3(ToolFormat):
     def call_head(self, name: str) -> str:
         return self.hermes.call_head(name)
 
-    def step(self, text: str, start: int, context: Context) -> Step:
-        if start == 0:
-            opens = opens_call(text, context)
+    def step(self, held: Held, context: Context) -> Step:
+        if held.start == 0:
+            opens = opens_call(held, context)
             if opens is None:
-                return Step(start)
+                return Step(held.start)
             if opens:
-                return self.llama3.step(text, start, context)
-        return self.hermes.step(text, start, context)
+                return self.llama3.step(held, context)
+        return self.hermes.step(held, context)

@@ -10,23 +10,37 @@ the final channel's text and the calls. Forced, a call is written at the reply's
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from cobali.frontend.parsers.calls import loads, new_call
 from cobali.frontend.parsers.harmony import (
+    BODY_END,
     BODY_ENDS,
     CHANNEL,
     CONSTRAIN,
     HARMONY_TOKENS,
     MESSAGE,
     START,
+    header_end,
     may_be_header,
     read_header,
 )
-from cobali.frontend.parsers.text import first_of
-from cobali.frontend.parsers.tools.base import Context, Functions, Step, ToolFormat, plain_text
+from cobali.frontend.parsers.tools.base import Context, Functions, Held, Step, ToolFormat, plain_text
 
 _OPENERS = (START, CHANNEL)
+_OPENER = re.compile("|".join(map(re.escape, _OPENERS)))  # the first of them, in one pass
 _RECIPIENT_FIRST = ("to=", " to=")  # a header that opens the reply may start with its recipient
 FUNCTIONS = "functions."
+
+
+@dataclass
+class _Call:
+    """A call's body, read so far (held.scan): no end token before `scanned`."""
+
+    name: str
+    body: int
+    scanned: int
 
 
 class Harmony(ToolFormat):
@@ -39,31 +53,43 @@ class Harmony(ToolFormat):
     def forced_call_grammar(self, functions: Functions, parallel: bool) -> str:
         return super().forced_call_grammar(functions, parallel=False)  # a call ends the turn: one a reply
 
-    def step(self, text: str, start: int, context: Context) -> Step:
-        if start == 0 and not context.final and any(o.startswith(text) for o in _RECIPIENT_FIRST):
-            return Step(start)
-        if not (text.startswith(_OPENERS, start) or (start == 0 and text.startswith(_RECIPIENT_FIRST))):
-            found = first_of(text, _OPENERS, start)
-            return Step(found[0]) if found is not None else plain_text(text, start, _OPENERS, context)
-        at = text.find(MESSAGE, start)
+    def step(self, held: Held, context: Context) -> Step:
+        if held.scan is not None:
+            return self._body(held, held.scan, context)
+        text, base = held.text()
+        start = held.start - base
+        if held.start == 0 and not context.final and any(o.startswith(text) for o in _RECIPIENT_FIRST):
+            return Step(held.start)
+        if not (text.startswith(_OPENERS, start) or (held.start == 0 and text.startswith(_RECIPIENT_FIRST))):
+            found = _OPENER.search(text, start)
+            return Step(found.start() + base) if found is not None else plain_text(held, _OPENERS, context)
+        at = header_end(text, start)  # a header is read only as far as one may reach
         header = read_header(text[start:at]) if at >= 0 else None
         if header is None:
-            if at < 0 and may_be_header(text[start:]) and not context.final:
-                return Step(start)
-            return Step(start + _opener_length(text, start))  # no header: its opener is text
-        body = at + len(MESSAGE)
+            if at < 0 and may_be_header(text, start) and not context.final:
+                return Step(held.start)
+            return Step(held.start + _opener_length(text, start))  # no header: its opener is text
+        body = at + len(MESSAGE) + base
         recipient = header.recipient or ""
         name = recipient[len(FUNCTIONS):] if recipient.startswith(FUNCTIONS) else None
         if name is None or name not in context.tools:
             return Step(body)  # the header of a message that is no call: text
-        ending = first_of(text, BODY_ENDS, body)
+        held.scan = _Call(name, body, body)
+        return self._body(held, held.scan, context)
+
+    def _body(self, held: Held, call: _Call, context: Context) -> Step:
+        """The call's body up to its end token, looked for only in what came since the last feed."""
+        text, base = held.window(call.scanned)
+        ending = BODY_END.search(text, call.scanned - base)
         if ending is None and not context.final:
-            return Step(start)
-        body_end = ending[0] if ending is not None else len(text)
-        end = body_end + (len(ending[1]) if ending is not None and ending[1] != START else 0)
-        call = new_call(name, loads(text[body:body_end]), self.new_id)
-        if call is not None:
-            return Step(end, (call,))
+            call.scanned = max(call.body, held.end - max(map(len, BODY_ENDS)) + 1)
+            return Step(held.start)
+        body_end = ending.start() + base if ending is not None else held.end
+        end = body_end + (len(ending.group()) if ending is not None and ending.group() != START else 0)
+        text, base = held.text()
+        new = new_call(call.name, loads(text[call.body - base:body_end - base]), self.new_id)
+        if new is not None:
+            return Step(end, (new,))
         return Step(end, () if ending is None and context.had_calls else None)
 
 

@@ -12,13 +12,18 @@ import json
 import re
 
 from cobali.frontend.parsers.calls import NewId, ParsedCall, ToolSchemas, call_from_json, every_call, json_values
-from cobali.frontend.parsers.tools.base import Context, Step, ToolFormat
+from cobali.frontend.parsers.text import run_end
+from cobali.frontend.parsers.tools.base import Context, Held, Step, ToolFormat
 
 PYTHON_TAG = "<|python_tag|>"
 _KEYS = ("name", "parameters", "arguments")
-# A call's opening as far as it has come: each part only once the one before it is whole.
-_OPENING = re.compile(r'(?:\[\s*)?(?:\{\s*(?:"(?P<key>[^"\\]*)(?P<key_end>"\s*(?::\s*(?:"(?P<name>[^"\\]*)'
-                      r'(?P<name_end>")?)?)?)?)?)?')
+_SPACE = re.compile(r"\s*")
+_CHARS = re.compile(r'[^"\\]*')  # of a key or a name, up to its closing quote
+# What an opening is made of, in order: `[`? `{` `"KEY"` `:` `"NAME"`, whitespace allowed before each part but
+# the key's and the name's characters; a part is the character it starts with.
+_LEAD, _BRACE, _KEY_OPEN, _KEY, _COLON, _NAME_OPEN, _NAME, _TAG = range(8)
+_NEXT = {_LEAD: {"[": _BRACE, "{": _KEY_OPEN, "<": _TAG}, _BRACE: {"{": _KEY_OPEN}, _KEY_OPEN: {'"': _KEY},
+         _COLON: {":": _NAME_OPEN}, _NAME_OPEN: {'"': _NAME}}
 
 
 class Llama3Json(ToolFormat):
@@ -30,35 +35,81 @@ class Llama3Json(ToolFormat):
     def call_head(self, name: str) -> str:
         return f'{{"name": {json.dumps(name)}, "parameters": '
 
-    def step(self, text: str, start: int, context: Context) -> Step:
-        if start > 0:
-            return Step(len(text))
-        opens = opens_call(text, context)
+    def step(self, held: Held, context: Context) -> Step:
+        if held.start > 0:
+            return Step(held.end)
+        opens = opens_call(held, context)
         if opens is None or (opens and not context.final):
-            return Step(start)
-        return Step(len(text), read_calls(text, context.tools, self.new_id) if opens else None)
+            return Step(held.start)
+        text, base = held.text()
+        return Step(held.end, read_calls(text[held.start - base:], context.tools, self.new_id) if opens else None)
 
 
-def opens_call(text: str, context: Context) -> bool | None:
-    """Whether the reply opens with a call; None while its text so far cannot tell."""
-    body = text.lstrip()
-    if body.startswith(PYTHON_TAG):
-        return True
-    if body and PYTHON_TAG.startswith(body):
-        return None if not context.final else False
-    opening = _OPENING.match(body)
-    assert opening is not None  # every part of it is optional
-    key = opening.group("key")
-    if opening.group("key_end") and key in ("parameters", "arguments"):
-        return True
-    if opening.group("name_end"):
-        return key == "name" and opening.group("name") in context.tools
-    if key is not None and not any(k.startswith(key) and (k == key or not opening.group("key_end")) for k in _KEYS):
-        return False
-    name = opening.group("name")
-    if name is not None and not any(tool.startswith(name) for tool in context.tools):
-        return False
-    return None if opening.end() == len(body) and not context.final else False
+def opens_call(held: Held, context: Context) -> bool | None:
+    """Whether the reply opens with a call; None while its text so far cannot tell. Reads only what came since
+    the last time."""
+    assert held.start == 0, "a call can only open the reply"
+    if held.opening is None:
+        held.opening = Opening()
+    opening: Opening = held.opening
+    if opening.opens is None:
+        opening.read(*held.window(opening.at), context.tools)
+    return opening.opens if opening.opens is not None or not context.final else False
+
+
+class Opening:
+    """A reply's opening, read as it comes, each character once: whether it is a call's (`opens`, None while
+    it may still be one), as far as it has come. The key must be one of _KEYS, the name one of the tools."""
+
+    def __init__(self) -> None:
+        self.at = 0  # the first character not read yet
+        self.part = _LEAD
+        self.chars = ""  # the key or the name read so far, or the python tag's part
+        self.opens: bool | None = None
+
+    def read(self, text: str, base: int, tools: ToolSchemas) -> None:
+        """Read on to the end of `text`, whose first character stands at `base`."""
+        at = self.at - base
+        while self.opens is None and at < len(text):
+            if self.part in (_KEY, _NAME):
+                end = run_end(_CHARS, text, at)
+                self.chars += text[at:end]
+                at = end
+                if at == len(text):
+                    self.opens = self._judge(tools, closed=False)
+                elif text[at] == '"':
+                    self.opens = self._judge(tools, closed=True)
+                    at += 1
+                else:  # a backslash ends the opening: none of ours is written with one
+                    self.opens = False
+            elif self.part == _TAG:
+                size = min(len(PYTHON_TAG) - len(self.chars), len(text) - at)
+                self.chars += text[at:at + size]
+                at += size
+                if self.chars == PYTHON_TAG or not PYTHON_TAG.startswith(self.chars):
+                    self.opens = self.chars == PYTHON_TAG
+            else:
+                at = run_end(_SPACE, text, at)
+                if at < len(text):
+                    self.part = _NEXT[self.part].get(text[at], -1)
+                    self.chars = text[at] if self.part == _TAG else ""
+                    self.opens = False if self.part < 0 else None
+                    at += 1
+                    if self.part in (_KEY, _NAME):
+                        self.opens = self._judge(tools, closed=False)
+        self.at = at + base
+
+    def _judge(self, tools: ToolSchemas, closed: bool) -> bool | None:
+        """After a key's or a name's characters (`closed`: and its closing quote): whether the reply opens with
+        a call, or None while it may; the part read next is the one after it."""
+        if self.part == _KEY:
+            if closed:
+                self.part = _COLON
+                return None if self.chars == "name" else self.chars in ("parameters", "arguments")
+            return None if any(key.startswith(self.chars) for key in _KEYS) else False
+        if closed:
+            return self.chars in tools
+        return None if any(tool.startswith(self.chars) for tool in tools) else False
 
 
 def read_calls(text: str, tools: ToolSchemas, new_id: NewId) -> tuple[ParsedCall, ...] | None:

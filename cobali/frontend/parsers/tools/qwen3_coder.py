@@ -15,7 +15,6 @@ or array is read as JSON, and stays text where it does not read), as Qwen's own 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,8 +22,7 @@ from cobali.frontend.parsers.calls import ParsedCall, ToolSchemas, loads, new_ca
 from cobali.frontend.parsers.tools.base import Functions, json_rule, literal
 from cobali.frontend.parsers.tools.tagged import TaggedCalls
 
-_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)(?:</function>\s*)?\Z", re.DOTALL)
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
+_FUNCTION, _FUNCTION_END, _PARAMETER, _PARAMETER_END = "<function=", "</function>", "<parameter=", "</parameter>"
 _TEXT_TYPES = ("string", None)  # read as the text itself; None: a parameter the schema does not type
 _CLOSE, _END = "\n</parameter>\n", "</function>\n</tool_call>"
 
@@ -39,18 +37,15 @@ class Qwen3Coder(TaggedCalls):
         return (call,) if call is not None else None
 
     def _read_call(self, body: str, tools: ToolSchemas) -> ParsedCall | None:
-        function = _FUNCTION.match(body)
-        if function is None or function.group(1).strip() not in tools:
+        body = body.lstrip()
+        function = _tagged(body, _FUNCTION, 0)
+        if function is None or function[0].strip() not in tools:
             return None
-        name, inside = function.group(1).strip(), function.group(2)
-        properties = tools[name].get("properties") or {}
-        arguments = {}
-        for parameter in _PARAMETER.finditer(inside):
-            key = parameter.group(1).strip()
-            arguments[key] = _value(_unwrapped(parameter.group(2)), properties.get(key))
-        if _PARAMETER.sub("", inside).strip():
-            return None  # text between the parameters: not this format
-        return new_call(name, arguments, self.new_id)
+        name, inside = function[0].strip(), body[function[1]:]
+        stripped = inside.rstrip()
+        inside = stripped.removesuffix(_FUNCTION_END) if stripped.endswith(_FUNCTION_END) else inside
+        arguments = _parameters(inside, tools[name].get("properties") or {})
+        return new_call(name, arguments, self.new_id) if arguments is not None else None
 
     def call_rules(self, functions: Functions) -> tuple[list[str], list[str]]:
         calls, rules = [], []
@@ -59,6 +54,39 @@ class Qwen3Coder(TaggedCalls):
             calls.append(" ".join(filter(None, [literal(f"<tool_call>\n<function={name}>\n"), body, literal(_END)])))
             rules.extend(body_rules)
         return calls, rules
+
+
+def _tagged(text: str, tag: str, at: int) -> tuple[str, int] | None:
+    """`<tag=NAME>` at `at`: (NAME, where the text after it starts); None where no `>` ends NAME on its line."""
+    if not text.startswith(tag, at):
+        return None
+    name = at + len(tag)
+    close = text.find(">", name)
+    if close <= name or text.find("\n", name, close) >= 0:
+        return None
+    return text[name:close], close + 1
+
+
+def _parameters(inside: str, properties: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Each `<parameter=NAME>` up to its closing tag, the next parameter or the end; None where anything but
+    whitespace lies outside them. Read with str.find, each character a bounded number of times: where a value
+    ends by the next parameter, the closing tag looked for beyond it is kept for the values after."""
+    arguments: dict[str, Any] = {}
+    at, close = 0, -2  # close: the next closing tag at or after `at` (-1: none; -2: not looked for yet)
+    while (start := inside.find(_PARAMETER, at)) >= 0:
+        parameter = _tagged(inside, _PARAMETER, start)
+        if inside[at:start].strip() or parameter is None:
+            return None
+        key, value = parameter[0].strip(), parameter[1]
+        if close != -1 and close < value:
+            close = inside.find(_PARAMETER_END, value)
+        after = inside.find(_PARAMETER, value)
+        if close >= 0 and (after < 0 or close < after):
+            end, at = close, close + len(_PARAMETER_END)
+        else:
+            end = at = after if after >= 0 else len(inside)
+        arguments[key] = _value(_unwrapped(inside[value:end]), properties.get(key))
+    return arguments if not inside[at:].strip() else None
 
 
 def _unwrapped(value: str) -> str:

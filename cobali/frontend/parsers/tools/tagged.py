@@ -7,7 +7,7 @@ import json
 from abc import abstractmethod
 
 from cobali.frontend.parsers.calls import ParsedCall, ToolSchemas, call_from_json, loads
-from cobali.frontend.parsers.tools.base import Context, Step, ToolFormat, plain_text
+from cobali.frontend.parsers.tools.base import Context, Held, Step, ToolFormat, plain_text
 
 
 class TaggedCalls(ToolFormat):
@@ -23,18 +23,23 @@ class TaggedCalls(ToolFormat):
         """The calls between the tags (`closed`: the closing tag came; else the reply ended first), or None where
         `body` is not calls."""
 
-    def step(self, text: str, start: int, context: Context) -> Step:
-        at = text.find(self.open_tag, start)
-        if at < 0:
-            return plain_text(text, start, (self.open_tag,), context)
-        if at > start:
-            return Step(at)
-        body = at + len(self.open_tag)
-        close = text.find(self.close_tag, body)
+    def step(self, held: Held, context: Context) -> Step:
+        body = held.start + len(self.open_tag)
+        if held.scan is None:  # not yet in a block
+            text, base = held.text()
+            at = text.find(self.open_tag, held.start - base)
+            if at < 0:
+                return plain_text(held, (self.open_tag,), context)
+            if at + base > held.start:
+                return Step(at + base)
+            held.scan = body  # the closing tag is looked for from here on, each character once
+        close = held.find(self.close_tag, held.scan)
         if close < 0 and not context.final:
-            return Step(start)
-        body_end, end = (close, close + len(self.close_tag)) if close >= 0 else (len(text), len(text))
-        calls = self.read_block(text[body:body_end], context.tools, closed=close >= 0)
+            held.scan = max(body, held.end - len(self.close_tag) + 1)
+            return Step(held.start)
+        body_end, end = (close, close + len(self.close_tag)) if close >= 0 else (held.end, held.end)
+        text, base = held.text()
+        calls = self.read_block(text[body - base:body_end - base], context.tools, closed=close >= 0)
         if calls:
             return Step(end, calls)
         return Step(end, () if close < 0 and context.had_calls else None)
