@@ -85,15 +85,24 @@ class Tokenizer:
         if any(not 0 <= t < self.n_vocab for t in tokens):
             raise ValueError(f"{what} must be in [0, {self.n_vocab})")
 
+    @property
+    def max_prompt_chars(self) -> int:
+        """Characters past which a text cannot fit the context, whatever its tokens (0: unknown)."""
+        return self.max_model_len * self._max_token_bytes
+
+    def too_long(self, chars: str) -> ValueError:
+        """The refusal of a prompt of `chars` characters, too many for the context."""
+        return ValueError(f"prompt has over {self.max_model_len} tokens ({chars} characters); the context holds "
+                          f"{self.max_model_len} per request ({self.context_hint})")
+
     def prompt_tokens(self, prompt: str | list[int], keep: int | None = None) -> list[int]:
         """A prompt's tokens, refused (ValueError) when it cannot run; keep: only its last `keep` tokens (vLLM's
         truncate_prompt_tokens)."""
         limit = self.max_model_len
         if isinstance(prompt, str):  # one that cannot fit is not tokenized: the cost grows with the text
-            most = ((keep + 1) if keep else limit) * self._max_token_bytes
+            most = (keep + 1) * self._max_token_bytes if keep else self.max_prompt_chars
             if keep is None and most and len(prompt) > most:
-                raise ValueError(f"prompt has over {limit} tokens ({len(prompt)} characters); the context holds "
-                                 f"{limit} per request ({self.context_hint})")
+                raise self.too_long(str(len(prompt)))
             tokens = self.encode(prompt[-most:] if most else prompt)
         else:
             tokens = list(prompt)

@@ -9,11 +9,15 @@ FastAPI. A request over a limit raises OverLimit, which the app answers with a 4
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from cobali.backends.base import MAX_LOGPROBS
 from cobali.structured.limits import GrammarLimits
+
+# Deeper, pydantic's JSON writer (255 levels) and Python's stack give out before the limit does.
+MAX_TEMPLATE_DEPTH = 200
 
 
 @dataclass(frozen=True)
@@ -29,11 +33,18 @@ class RequestLimits:
     max_tools_bytes: int = 512 * 1024  # the tools' JSON: rendered into the prompt, forced ones into a grammar
     max_logit_bias: int = 1024  # entries, each applied to every sampled token's row
     max_stop_token_ids: int = 64
+    # A JSON value a chat template is given (a tool's parameters, a call's arguments, a chat_template_kwargs
+    # value): how deep it nests. Indented, each of its lines repeats its depth; and each level is stack.
+    max_template_depth: int = 64
+    max_template_kwargs_bytes: int = 64 * 1024  # the chat_template_kwargs a template reads, as JSON
 
     def __post_init__(self) -> None:
         for item in fields(self):
             if getattr(self, item.name) < 1:
                 raise ValueError(f"{LIMIT_FLAGS[item.name]} must be at least 1, got {getattr(self, item.name)}")
+        if self.max_template_depth > MAX_TEMPLATE_DEPTH:
+            raise ValueError(f"--max-chat-template-depth must be at most {MAX_TEMPLATE_DEPTH}, "
+                             f"got {self.max_template_depth}")
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,8 @@ LIMIT_FLAGS = {
     "max_tools_bytes": "--max-tools-bytes",
     "max_logit_bias": "--max-logit-bias",
     "max_stop_token_ids": "--max-stop-token-ids",
+    "max_template_depth": "--max-chat-template-depth",
+    "max_template_kwargs_bytes": "--max-chat-template-kwargs-bytes",
 }
 GRAMMAR_FLAGS = {
     "max_bytes": "--max-grammar-bytes",
@@ -112,13 +125,29 @@ def check_request(body: Any, limits: RequestLimits, grammar: GrammarLimits, n_vo
 
 
 def check_tools(tools: list[Any] | None, limits: RequestLimits) -> None:
-    """Tools' count and JSON size: every tool is rendered into the prompt, the forced ones into a grammar."""
+    """Tools' count, depth and JSON size: every tool is rendered into the prompt, the forced ones into a
+    grammar."""
     if not tools:
         return
     _at_most("tools", "the number of tools", len(tools), limits.max_tools, "--max-tools")
+    for tool in tools:  # before their JSON is written: pydantic's fails on a deep value
+        parameters = tool.function.parameters if hasattr(tool, "function") else tool  # else plain JSON
+        _at_most_deep("tools", "a tool's parameters", parameters, limits)
     size = sum(len(tool.model_dump_json(exclude_none=True).encode()) if hasattr(tool, "model_dump_json")
                else _size(tool) for tool in tools)  # a tool a client sent as plain JSON
     _at_most("tools", "the tools' JSON bytes", size, limits.max_tools_bytes, "--max-tools-bytes")
+
+
+def check_template_inputs(messages: list[dict[str, Any]], variables: dict[str, Any], limits: RequestLimits) -> None:
+    """What a chat template is given beside the tools (check_tools): the messages as it reads them (a call's
+    arguments are JSON), and the chat_template_kwargs it reads. O(their size), before it renders."""
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            _at_most_deep("messages", "a tool call's arguments", call["function"]["arguments"], limits)
+    for name, value in variables.items():
+        _at_most_deep("chat_template_kwargs", f"chat_template_kwargs.{name}", value, limits)
+    _at_most("chat_template_kwargs", "the chat_template_kwargs the chat template reads (bytes of their JSON)",
+             _size(variables), limits.max_template_kwargs_bytes, "--max-chat-template-kwargs-bytes")
 
 
 def check_prompt_logprobs(positions: int, param: str, limits: RequestLimits) -> None:
@@ -154,6 +183,30 @@ def constraint_texts(body: Any) -> list[tuple[str, Any]]:
     if forced:
         found.append(("tools", [tool.function.parameters for tool in forced]))
     return found
+
+
+def _at_most_deep(param: str, what: str, value: Any, limits: RequestLimits) -> None:
+    if nests_deeper(value, limits.max_template_depth):
+        raise OverLimit(param, f"{what} must nest at most {limits.max_template_depth} levels deep (this server's "
+                               "--max-chat-template-depth)")
+
+
+def nests_deeper(value: Any, depth: int) -> bool:
+    """Whether a JSON value's objects and arrays nest more than `depth` levels (a scalar: 0, [] and {}: 1).
+    Without recursion, so any depth is measured; O(the value), stopping at the first too deep."""
+    stack = [(value, 0)]  # each container with the levels around it
+    while stack:
+        item, around = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if around >= depth:
+            return True
+        stack.extend((child, around + 1) for child in children)
+    return False
 
 
 def _size(value: Any) -> int:

@@ -21,6 +21,10 @@ _HELP = {
     "max_tools_bytes": "bytes of a request's tools as JSON (all rendered into the prompt)",
     "max_logit_bias": "logit_bias entries per request",
     "max_stop_token_ids": "stop_token_ids per request",
+    "max_template_depth": "nesting depth of a JSON value a chat template is given: a tool's parameters, a tool "
+                          "call's arguments, a chat_template_kwargs value",
+    "max_template_kwargs_bytes": "bytes of the chat_template_kwargs the chat template reads, as JSON (those it "
+                                 "does not read are dropped)",
     "max_bytes": "bytes of one schema, regex, grammar or choice list as sent (JSON text for an object)",
     "max_gbnf_rules": "rules of one GBNF grammar (its conversion to llguidance's Lark costs their square)",
     "max_grammar_size": "llguidance: symbols in a grammar's productions",

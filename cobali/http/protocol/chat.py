@@ -63,9 +63,11 @@ class ChatMessage(Body):
 
 
 def _parsed(arguments: str) -> Any:
+    """The arguments as JSON where they parse, else the text sent: also where they nest past what json reads
+    (RecursionError; a shallower value past the server's depth is refused by name: request_limits.py)."""
     try:
         return json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         return arguments
 
 

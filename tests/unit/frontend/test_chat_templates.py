@@ -122,3 +122,11 @@ def test_earlier_replies_are_shown_without_their_thinking() -> None:
         if family.reasoning in ("qwen3", "deepseek_r1"):
             prompt = family.load().render(thought)
             assert "Secret plan" not in prompt and "Sunny." in prompt, family
+
+
+def test_llama3_reads_its_tools_from_custom_tools_as_metas_does() -> None:
+    """A request's chat_template_kwargs may set custom_tools (bounded as every variable a template reads)."""
+    [llama3] = [f for f in FAMILIES if f.template == "llama3.jinja"]
+    template = llama3.load()
+    assert "custom_tools" in template.reads
+    assert template.render(CONVERSATION, None, {"custom_tools": [WEATHER]}) == template.render(CONVERSATION, [WEATHER])

@@ -45,6 +45,17 @@ def test_tokens_and_their_strings_round_trip(http: TestClient) -> None:
     assert http.post("/detokenize", json={"tokens": reply["tokens"]}).json() == {"prompt": "round trip"}
 
 
+def test_a_prompt_the_context_cannot_hold_is_refused_before_it_is_tokenized(http: TestClient) -> None:
+    """As generation refuses it (issue 44): longer than the context's tokens x the longest token's characters."""
+    bound = http.app.state.server.inputs().max_prompt_chars  # type: ignore[attr-defined]
+    assert http.post("/tokenize", json={"prompt": "a" * bound}).status_code == 200  # counted: it may fit
+    response = http.post("/tokenize", json={"prompt": "a" * (bound + 1)})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "prompt"
+    assert f"prompt has over {N_CTX_SEQ} tokens ({bound + 1} characters)" in error["message"], error
+
+
 @pytest.mark.parametrize(("path", "body", "fragment"), [
     ("/tokenize", {}, "either prompt or messages"),
     ("/tokenize", {"prompt": "a", "messages": MESSAGES}, "either prompt or messages"),
