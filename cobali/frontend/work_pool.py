@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fastapi import Request
+from starlette.types import Scope
 
 from cobali.frontend.errors import APIError
 from cobali.frontend.request_limits import PreprocessLimits
@@ -43,10 +44,16 @@ class _Job:
         return self.work()
 
 
+def client_address(scope: Scope) -> str:
+    """Whose request this is: the peer's address (behind a proxy, uvicorn's --forwarded-allow-ips makes it the
+    client's; under Ray Serve, the gateway hands its proxy's on to the replica, cobali.ray.asgi). Not the API key:
+    the clients of one key would then share one share."""
+    client = scope.get("client")
+    return client[0] if client else "-"
+
+
 def client_of(http: Request) -> str:
-    """Whose work this is: the peer's address (behind a proxy, uvicorn's --forwarded-allow-ips makes it the
-    client's). Not the API key: cobali has one, which every client then shares."""
-    return http.client.host if http.client is not None else "-"
+    return client_address(http.scope)
 
 
 class WorkPool:

@@ -2,9 +2,9 @@
 `{"type": "error", "error": {"type": ..., "message": ...}}`, with the statuses every route uses.
 
 Every error this app answers is rendered as OpenAI's error object where it arises: the exception handlers
-(cobali/frontend/errors.py, app.py), the auth check, BodyLimit's 413. So Anthropic's shape is made in one place,
-whatever raised the error: this middleware, just outside BodyLimit, rewrites an error response's body on these
-paths. Any other response (a stream's 200 included) passes untouched.
+(cobali/frontend/errors.py, app.py), the key check, the connection caps, BodyLimit's 413. So Anthropic's shape is
+made in one place, whatever raised the error: this middleware, outside all of them (cobali.http.middleware),
+rewrites an error response's body on these paths. Any other response (a stream's 200 included) passes untouched.
 """
 
 from __future__ import annotations
@@ -48,9 +48,15 @@ class AnthropicErrors:
 
 
 async def _send_reshaped(send: Send, start: Message, body: bytes) -> None:
-    """The OpenAI error object in `body` as Anthropic's, under the same status and headers."""
-    status = start["status"]
-    reshaped = json.dumps(error_body(status, json.loads(body)["error"]["message"])).encode()
+    """The OpenAI error object in `body` as Anthropic's, under the same status and headers. A body that is no
+    such object (a vanished client's empty 499) goes as it came: there is nothing to reshape, and nobody to read it."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        await send(start)
+        await send({"type": "http.response.body", "body": body})
+        return
+    reshaped = json.dumps(error_body(start["status"], message)).encode()
     headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
     await send({**start, "headers": [*headers, (b"content-length", str(len(reshaped)).encode())]})
     await send({"type": "http.response.body", "body": reshaped})

@@ -1,16 +1,14 @@
-"""The FastAPI app: lifespan around the engine thread, auth, and the operational routes."""
+"""The FastAPI app: lifespan around the engine thread, its middleware, and the operational routes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -21,9 +19,8 @@ from cobali.frontend.generation import EngineUnavailable, GenerationError
 from cobali.frontend.interface import SlotState
 from cobali.frontend.request_limits import OverLimit
 from cobali.frontend.work_pool import WorkPool
-from cobali.http.anthropic_errors import AnthropicErrors
-from cobali.http.body_limit import BodyLimit
 from cobali.http.config import ServerConfig
+from cobali.http.middleware import add_front_door
 from cobali.http.parse import document_bodies
 from cobali.http.prometheus import ServerMetrics
 from cobali.http.routes import chat, completions, embeddings, lora, messages, responses, tokenize
@@ -32,25 +29,9 @@ from cobali.http.state import LoraNames, ServerContext
 ops = APIRouter()
 
 
-async def require_api_key(http: Request) -> None:
-    """Bearer auth for /v1/*, /tokenize, /detokenize, /slots and the docs (/docs, /redoc, /openapi.json), the key
-    also taken as `x-api-key` (Anthropic's SDKs send it there); /health and /metrics stay open for probes and
-    scrapers. Async, because FastAPI runs a plain-def dependency on a worker thread: a thread hop per request."""
-    keys = _context(http).config.api_keys
-    if not keys:
-        return
-    scheme, _, token = http.headers.get("authorization", "").partition(" ")
-    offered = [token.strip()] if scheme.lower() == "bearer" else []
-    offered += http.headers.getlist("x-api-key")
-    # Every key compared, in constant time each: how long the check takes says nothing of which key matched.
-    matches = [secrets.compare_digest(given.encode(), key.encode()) for given in offered for key in keys]
-    if not any(matches):
-        raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                       "authentication_error", code="invalid_api_key")
-
-
-# The API's description is served as the API is: FastAPI's own docs routes would answer without the key.
-docs = APIRouter(include_in_schema=False, dependencies=[Depends(require_api_key)])
+# The API's description is served as the API is, behind the key (cobali.http.auth): FastAPI's own docs routes are
+# turned off.
+docs = APIRouter(include_in_schema=False)
 
 
 def _schema_url(http: Request) -> str:
@@ -100,13 +81,13 @@ def _model_card(server: ServerContext, model_id: str) -> dict:
     return card
 
 
-@ops.get("/v1/models", dependencies=[Depends(require_api_key)])
+@ops.get("/v1/models")
 async def models(http: Request) -> dict:
     server = _context(http)
     return {"object": "list", "data": [_model_card(server, m) for m in (server.model_name, *server.loras.names())]}
 
 
-@ops.get("/v1/models/{model_id:path}", dependencies=[Depends(require_api_key)])
+@ops.get("/v1/models/{model_id:path}")
 async def model(model_id: str, http: Request) -> dict:
     server = _context(http)
     if not server.serves(model_id):
@@ -114,7 +95,7 @@ async def model(model_id: str, http: Request) -> dict:
     return _model_card(server, model_id)
 
 
-@ops.get("/slots", dependencies=[Depends(require_api_key)])
+@ops.get("/slots")
 async def slots(http: Request) -> list[dict]:
     return [slot_row(slot) for slot in await _context(http).client.slot_states()]
 
@@ -153,14 +134,7 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     app.state.server = ServerContext(config, client, metrics, pool,
                                      LoraNames(tuple(name for name, _ in config.lora_modules)), int(time.time()))
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
-    app.add_middleware(AnthropicErrors)  # outside BodyLimit: its 413 too, in Anthropic's shape on those routes
-    # CORS added last, so outermost: a preflight never reaches the key check, and a 413 has CORS too.
-    if config.allowed_origins:
-        # Any request header: the OpenAI SDKs send Authorization and Content-Type, and the JS one X-Stainless-*
-        # besides; the origin is the gate. No credentials: the key rides in a header, not a cookie.
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["*"])
+    add_front_door(app, config)  # CORS, the connection caps and the key, before BodyLimit reads a body
 
     @app.exception_handler(GenerationError)
     async def _generation_error(_http: Request, err: GenerationError) -> JSONResponse:
@@ -177,6 +151,6 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     app.include_router(ops)
     app.include_router(docs)
     for routes in (completions, chat, embeddings, responses, messages, tokenize, *[lora] * config.runtime_lora):
-        app.include_router(routes.router, dependencies=[Depends(require_api_key)])
+        app.include_router(routes.router)
     document_bodies(app)  # the routes parse their own bodies (parse.py): their schemas are added here
     return app

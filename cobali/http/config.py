@@ -11,6 +11,10 @@ from cobali.structured.limits import GrammarLimits
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_SEND_TIMEOUT_S = 30.0
 DEFAULT_MAX_STREAM_BUFFER_CHARS = 1024 * 1024
+# Requests in flight (connections at work: cobali.http.connections): a common open-files limit, each holding at
+# most --max-body-bytes of body; one address may take half, as one client may take half the preprocessing workers.
+DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 512
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,9 @@ class ServerConfig:
     port: int = 8000
     max_queue: int | None = 256  # requests that may wait for a slot; beyond it HTTP 429 (None: no limit)
     api_keys: tuple[str, ...] = ()  # --api-key, --api-key-file: a request must bear one of them (none: open)
+    shared_prefix_cache: bool = False  # --shared-prefix-cache: keys share cached prefixes (else each key its own)
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS  # requests in flight at once; beyond: 503 (None: no cap)
+    max_connections_per_client: int | None = DEFAULT_MAX_CONNECTIONS_PER_CLIENT  # per client address; beyond: 429
     allowed_origins: tuple[str, ...] = ()  # --allowed-origins: browser pages that may call the API (CORS)
     ssl_keyfile: str | None = None  # --ssl-keyfile and --ssl-certfile: HTTPS, both or neither
     ssl_certfile: str | None = None

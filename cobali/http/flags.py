@@ -12,6 +12,8 @@ from cobali.frontend.parsers.reply import AUTO
 from cobali.frontend.parsers.tools import TOOL_PARSERS
 from cobali.http.config import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
     DEFAULT_MAX_STREAM_BUFFER_CHARS,
     DEFAULT_SEND_TIMEOUT_S,
     ServerConfig,
@@ -113,6 +115,18 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "COBALI_API_KEY")
     parser.add_argument("--api-key-file", type=_key_file, default=(), metavar="FILE",
                         help="API keys, one a line (blank lines and # comments skipped), beside any --api-key")
+    parser.add_argument("--shared-prefix-cache", action="store_true",
+                        help="let requests under different API keys reuse each other's cached prompt prefixes "
+                             "(one tenant's keys); by default each key's are its own, so usage's cached_tokens "
+                             "and the replies' speed tell nothing of another key's prompts")
+    parser.add_argument("--max-connections", type=positive_int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                        help="requests in flight at once (connections at work: an idle keep-alive one is not "
+                             "counted); beyond it requests get HTTP 503 before their body is read "
+                             "(default %(default)s)")
+    parser.add_argument("--max-connections-per-client", type=positive_int,
+                        default=DEFAULT_MAX_CONNECTIONS_PER_CLIENT, metavar="N",
+                        help="requests in flight at once from one client address (behind a proxy, the forwarded "
+                             "one); beyond it requests get HTTP 429 before their body is read (default %(default)s)")
     parser.add_argument("--allowed-origins", type=_origin, nargs="+", default=(), metavar="ORIGIN",
                         help="let web pages from these origins (https://app.example.com, or * for any) call the "
                              "API from a browser: CORS headers, off by default")
@@ -158,6 +172,7 @@ def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
 def run_batch_config(args: argparse.Namespace) -> ServerConfig:
     """The in-process server a batch runs through: no socket, and no queue limit (the batch bounds itself)."""
     return ServerConfig(served_model_name=args.served_model_name, chat_template=args.chat_template, max_queue=None,
+                        max_connections=None, max_connections_per_client=None,
                         reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
                         lora_modules=tuple(args.lora_modules), limits=request_limits(args),
                         grammar=grammar_limits(args), preprocess=preprocess_limits(args, client_queue=False))
@@ -166,6 +181,8 @@ def run_batch_config(args: argparse.Namespace) -> ServerConfig:
 def server_config(args: argparse.Namespace) -> ServerConfig:
     keys = tuple(dict.fromkeys((*(args.api_key or ()), *args.api_key_file)))  # in order, each once
     return ServerConfig(host=args.host, port=args.port, max_queue=args.max_queue, api_keys=keys,
+                        shared_prefix_cache=args.shared_prefix_cache, max_connections=args.max_connections,
+                        max_connections_per_client=args.max_connections_per_client,
                         allowed_origins=tuple(args.allowed_origins), ssl_keyfile=args.ssl_keyfile,
                         ssl_certfile=args.ssl_certfile,
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,

@@ -24,12 +24,15 @@ class HTTPRequest:
     query_string: bytes
     headers: list[tuple[bytes, bytes]]
     body: bytes
+    # The client's (host, port) as the gateway's scope has it (Ray Serve's proxy passes its own uvicorn's on): the
+    # replica's per-client fairness (cobali.frontend.work_pool) is by it.
+    client: tuple[str, int] | None = None
 
 
 def _scope(request: HTTPRequest) -> dict:
     return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "scheme": "http",
             "method": request.method, "path": request.path, "raw_path": request.path.encode(), "root_path": "",
-            "query_string": request.query_string, "headers": request.headers, "client": None, "server": None}
+            "query_string": request.query_string, "headers": request.headers, "client": request.client, "server": None}
 
 
 async def call_app(app: ASGIApp, request: HTTPRequest) -> AsyncIterator[Message]:

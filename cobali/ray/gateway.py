@@ -1,9 +1,10 @@
 """The one HTTP endpoint in front of several engine replicas.
 
-Requests are relayed whole to one replica, which answers with the single server's own app (auth, validation,
-4xx, SSE): the gateway only chooses. /metrics, /health and /slots ask every replica and combine. No Ray
-import here: an engine is anything that turns a request into the app's ASGI messages (cobali.ray.serve
-wraps a Ray Serve handle; the unit tests call the apps in-process).
+Requests are relayed whole to one replica, which answers with the single server's own app (validation, 4xx,
+SSE): the gateway only chooses, once its front door (the key, the caps, the body limit) has let a request in.
+/metrics, /health and /slots ask every replica and combine. No Ray import here: an engine is anything that
+turns a request into the app's ASGI messages (cobali.ray.serve wraps a Ray Serve handle; the unit tests call
+the apps in-process).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import Message, Receive, Scope, Send
 
 from cobali.frontend.errors import install_error_handlers, unavailable
-from cobali.http.body_limit import BodyLimit
+from cobali.http.config import ServerConfig
+from cobali.http.middleware import add_front_door
 from cobali.http.prometheus import merge_expositions
 from cobali.ray.asgi import HTTPRequest
 
@@ -97,16 +99,20 @@ async def _fetch(engine: EngineClient, request: HTTPRequest) -> JsonReply | None
 
 
 async def _incoming(http: Request) -> HTTPRequest:
+    client = http.scope.get("client")
     return HTTPRequest(http.method, http.url.path, http.scope["query_string"], list(http.scope["headers"]),
-                       await http.body())
+                       await http.body(), None if client is None else (client[0], client[1]))
 
 
-def gateway_app(engines: Sequence[EngineClient], max_body_bytes: int) -> FastAPI:
+def gateway_app(engines: Sequence[EngineClient], config: ServerConfig) -> FastAPI:
+    """The front door (cobali.http.middleware): CORS, the connection caps, the key and the body limit are checked
+    here, before a body is read or travels to a replica; the replicas check the key again, since it names the
+    prefix cache's tenant, and run none of the rest (cobali.ray.serve)."""
     router = LeastBusy(len(engines))
     # No docs routes of its own: /docs and /openapi.json are relayed, so they describe the replicas' API.
     app = FastAPI(title="cobali", openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # refused here, before it travels to a replica
+    add_front_door(app, config)
 
     async def ask_all(http: Request) -> list[JsonReply | None]:
         request = await _incoming(http)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import threading
@@ -89,12 +90,12 @@ class RayEngine:
 
 @serve.ingress()
 class Gateway:
-    def __init__(self, engines: list[DeploymentHandle], max_body_bytes: int) -> None:
+    def __init__(self, engines: list[DeploymentHandle], settings: ServerConfig) -> None:
         self._engines = [RayEngine(handle) for handle in engines]
-        self._max_body_bytes = max_body_bytes
+        self._settings = settings
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return gateway_app(self._engines, self._max_body_bytes)
+        return gateway_app(self._engines, self._settings)
 
 
 def cpus_per_replica(spec: EngineSetup) -> int:
@@ -109,10 +110,13 @@ def build_application(spec: EngineSetup, settings: ServerConfig) -> Application:
     engine = serve.deployment(max_ongoing_requests=per_engine, graceful_shutdown_timeout_s=settings.shutdown_grace_s,
                               ray_actor_options={"num_cpus": cpus_per_replica(spec)},
                               max_constructor_retry_count=1)(EngineReplica)  # a model that fails to load fails again
-    engines = [engine.options(name=f"cobali-engine-{i}").bind(spec, settings) for i in range(settings.replicas)]
+    # CORS and the connection caps are the gateway's, which sees every request; a replica still checks the key,
+    # which names its prefix cache's tenant (cobali.http.auth).
+    behind = dataclasses.replace(settings, allowed_origins=(), max_connections=None, max_connections_per_client=None)
+    engines = [engine.options(name=f"cobali-engine-{i}").bind(spec, behind) for i in range(settings.replicas)]
     gateway = serve.deployment(ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=settings.replicas * per_engine)(Gateway)
-    return gateway.bind(engines, settings.max_body_bytes)
+    return gateway.bind(engines, settings)
 
 
 def build(options: dict[str, str]) -> Application:

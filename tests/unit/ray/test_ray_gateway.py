@@ -21,6 +21,7 @@ from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.client import EngineState
+from cobali.http.config import ServerConfig
 from cobali.http.prometheus import ServerMetrics, merge_expositions
 from cobali.ray.asgi import HTTPRequest, call_app
 from cobali.ray.gateway import LeastBusy, gateway_app
@@ -54,7 +55,8 @@ async def with_gateway(test: Callable[[httpx.AsyncClient], Awaitable[None]], n: 
     async with AsyncExitStack() as stack:
         for app in apps:
             await stack.enter_async_context(app.router.lifespan_context(app))
-        gateway = gateway_app([InProcess(app) for app in apps], max_body_bytes=1 << 16)
+        gateway = gateway_app([InProcess(app) for app in apps],
+                              ServerConfig(max_body_bytes=1 << 16, api_keys=(api_key,) if api_key else ()))
         client = await stack.enter_async_context(
             httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://gateway"))
         while (await client.get("/health")).status_code != 200:  # the fake models load in milliseconds
