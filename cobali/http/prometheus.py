@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
@@ -23,6 +23,9 @@ prometheus_client.disable_created_metrics()  # process-wide; the *_created serie
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                     10.0, 20.0, 40.0, 80.0, 160.0)
 _COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Steps of ~1.25x where ticks live: a bucket's bound is then a close upper bound on the ticks under it.
+_TICK_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.13, 0.16, 0.2, 0.25, 0.32, 0.4, 0.5, 0.64, 0.8, 1.0,
+                 1.25, 1.6, 2.0, 2.5, 3.2, 4.0, 5.0, 6.4, 8.0, 10.0, 20.0, 40.0)
 
 
 class ServerMetrics:
@@ -51,6 +54,13 @@ class ServerMetrics:
         self.iteration_tokens = histogram("iteration_tokens", "Tokens in one tick's batch.", _COUNT_BUCKETS)
         self.iteration_requests = histogram("iteration_requests", "Requests in one tick's batch: above 1 "
                                             "means requests ran together.", _COUNT_BUCKETS)
+        # What every running request waits for between two tokens, and a newcomer for its turn: the longest one
+        # bounds the wait a tick's budget causes (tests/hostile/ bounds its probe by it).
+        self.tick_duration = histogram("tick_duration_seconds", "One tick's time, from its plan to its outputs.",
+                                       _TICK_BUCKETS)
+        self.tick_max_s = 0.0
+        Gauge("cobali:tick_duration_max_seconds", "The longest tick since the server started.",
+              registry=registry).set_function(lambda: self.tick_max_s)
         self.loop_lag = LoopLagMonitor(registry)  # started and stopped with the app (its lifespan)
 
     def attach(self, stats: Callable[[], EngineStats]) -> None:
@@ -60,6 +70,9 @@ class ServerMetrics:
     def tick_done(self, record: TickRecord) -> None:
         self.iteration_tokens.observe(record.plan.n_tokens)
         self.iteration_requests.observe(len(record.plan.chunks))
+        seconds = record.end - record.start
+        self.tick_duration.observe(seconds)
+        self.tick_max_s = max(self.tick_max_s, seconds)  # one writer: the engine thread
 
     def request_finished(self, output: RequestOutput) -> None:
         """Called on the engine's threads with a request's final output."""

@@ -26,6 +26,9 @@ class Outcome:
     status: str  # the HTTP status, an exception's name, or what became of a stream
     seconds: float
     ok: bool | None  # None: not provoked here (neither a pass nor a failure)
+    # How long the case's client kept its request running before it left: prompts that the probe, queued
+    # behind them (first come, first served), may legitimately wait for.
+    held_s: float = 0.0
 
 
 def raw_request(server: Server, case: Case, rcvbuf: int | None = None) -> socket.socket:
@@ -136,7 +139,7 @@ def disconnect(server: Server, case: Case, after_first_event: bool) -> Outcome:
     if stopped is None:
         return Outcome(f"still running {DISCONNECT_WINDOW_S:.0f} s after the client left",
                        time.monotonic() - start, False)
-    return Outcome(f"stopped {stopped:.1f} s after the client left", time.monotonic() - left, True)
+    return Outcome(f"stopped {stopped:.1f} s after the client left", time.monotonic() - left, True, left - start)
 
 
 def lora_oracle(server: Server, case: Case) -> Outcome:

@@ -260,7 +260,8 @@ def test_models_slots_and_metrics(api: TestClient) -> None:
     assert "cobali:inter_token_latency_seconds_count 2.0" in text
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
                  "num_preemptions_total", "e2e_request_latency_seconds_bucket",
-                 "request_queue_time_seconds_sum", "iteration_tokens_bucket", "iteration_requests_count"):
+                 "request_queue_time_seconds_sum", "iteration_tokens_bucket", "iteration_requests_count",
+                 "tick_duration_seconds_count", "tick_duration_max_seconds"):
         assert f"cobali:{name}" in text
     assert "tick_cost" not in text  # no ITL target: nothing learned
 

@@ -26,6 +26,7 @@ from cobali.frontend.generation import Generation, StreamOverflow
 from cobali.frontend.interface import RequestOutput
 from cobali.http.disconnect import only_our_cancel
 from cobali.http.routes import completions as openai_routes
+from cobali.http.routes import messages as anthropic_routes
 from tests.unit.http.test_server_api import fake_app
 from tests.unit.http.test_server_live import busy_slots, metric, wait_for
 
@@ -37,6 +38,7 @@ ROUTES = {
     "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "go"}], "max_tokens": 3000,
                                       "ignore_eos": True}),
     "responses": ("/v1/responses", {"input": "go", "max_output_tokens": 3000}),
+    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "go"}], "max_tokens": 3000}),
 }
 
 
@@ -98,7 +100,7 @@ def request_socket(port: int, path: str, body: dict) -> Iterator[socket.socket]:
         sock.close()
 
 
-@pytest.mark.parametrize("route", ["completions", "responses"])
+@pytest.mark.parametrize("route", ["completions", "responses", "messages"])
 def test_a_stream_whose_client_stops_reading_is_aborted_within_the_send_timeout(route: str, caplog) -> None:
     path, body = ROUTES[route]
     with live(send_timeout_s=0.3, max_stream_buffer_chars=10**9) as (client, port), \
@@ -202,6 +204,27 @@ def test_a_client_that_goes_before_submit_is_never_submitted(monkeypatch: pytest
         time.sleep(0.8)
         assert not submitted.is_set()
         assert busy_slots(client) == 0
+
+
+def test_a_count_tokens_whose_client_goes_while_it_waits_for_a_worker_never_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """count_tokens holds no slot and streams nothing: what a vanished client can still cost is worker time."""
+    counted: list[bool] = []
+    real_count = anthropic_routes._prompt_tokens
+
+    def slow_count(*args, **kwargs):  # on a worker thread
+        counted.append(True)
+        time.sleep(0.5)
+        return real_count(*args, **kwargs)
+
+    monkeypatch.setattr(anthropic_routes, "_prompt_tokens", slow_count)
+    body = {"messages": [{"role": "user", "content": "go"}]}
+    with live() as (_, port), request_socket(port, "/v1/messages/count_tokens", body):
+        wait_for(lambda: len(counted) == 1)  # its client's share of the two workers is taken
+        with request_socket(port, "/v1/messages/count_tokens", body):
+            time.sleep(0.1)  # queued on that share
+        time.sleep(1.0)  # the first is done: the second would have run by now
+        assert len(counted) == 1
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10 counts no cancels")
