@@ -57,7 +57,8 @@ def engine_decode(args: argparse.Namespace, backend_sampling: bool | None = None
 
 def timed_per_tick(engine: Engine, method: str) -> dict[int, float]:
     """Seconds spent in the engine's backend.`method`, by index of the tick (in engine.ticks) that called it."""
-    backend, seconds = engine.backend, {}
+    backend = engine.backend
+    seconds: dict[int, float] = {}
     inner = getattr(backend, method)
 
     def timing(*args):

@@ -2,6 +2,7 @@
 # The fidelity matrix of docs/results.md ("Output fidelity"): `cobali bench fidelity` for four candidate configurations on two workloads.
 #   [THREADS=N] bench/engine/fidelity_matrix.sh [OUT_DIR]      (default results/fidelity; ~15-25 min on 2 quiet cores)
 # THREADS=1 keeps llama.cpp fast on a busy machine (its spinning thread pool collapses when cores are shared).
+# NUM_PROMPTS=N (default all) and MAX_NEW=N (default 32) shrink it: `THREADS=1 NUM_PROMPTS=2 MAX_NEW=2` is CI's run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-results/fidelity}
@@ -22,8 +23,8 @@ for workload in prompts_16 mixed_length; do
     flags=${CONFIGS[$name]//CTX/${TINY_CTX[$workload]}}
     echo "== $workload / $name: $flags"
     # shellcheck disable=SC2086
-    "$COBALI" bench fidelity --prompts "${PROMPTS[$workload]}" --max-new 32 --threads "${THREADS:-0}" $flags --out "$OUT/$workload-$name" \
-      || status=1
+    "$COBALI" bench fidelity --prompts "${PROMPTS[$workload]}" ${NUM_PROMPTS:+--num-prompts "$NUM_PROMPTS"} \
+      --max-new "${MAX_NEW:-32}" --threads "${THREADS:-0}" $flags --out "$OUT/$workload-$name" || status=1
   done
 done
 exit $status

@@ -7,7 +7,11 @@ costs is the host's (planning, KV bookkeeping, filling the batch, sampling, deto
 Every slot decodes every tick (all requests prefilled first, then ignore_eos generation); only the ticks that
 carry a full decode set and no prefill are measured. Only the public API (cobali.Engine, EngineConfig,
 SamplingParams) and the backend seam are used, so the same file runs on older checkouts for before/after
-figures: PYTHONPATH=/path/to/old/checkout .venv/bin/python bench/engine/host_overhead.py.
+figures: PYTHONPATH=/path/to/old/checkout .venv/bin/python bench/engine/host_overhead.py. The null backend takes
+the members it has no use for from the stand-ins' base (cobali/backends/fake.py's StandInBackend): on a checkout
+older than that base, run the checkout's own copy of this file.
+
+    .venv/bin/python bench/engine/host_overhead.py --slots 4 --ticks 3 --n-vocab 256    # the smallest run (CI)
 """
 
 from __future__ import annotations
@@ -15,29 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import dataclass
 
 import numpy as np
 
 import cobali
 from cobali import Engine, EngineConfig, SamplingParams
-from cobali.backends.base import BackendInfo
+from cobali.backends.base import BackendInfo, BatchArrays
+from cobali.backends.fake import StandInBackend
 
 CTX_PER_SEQ = 2048
 
 
-@dataclass(frozen=True)
-class Arrays:
-    """The decode input arrays the engine fills in place (BatchArrays' fields; this file also runs on
-    checkouts that predate it)."""
-
-    tokens: np.ndarray
-    positions: np.ndarray
-    seq_ids: np.ndarray
-    want_logits: np.ndarray
-
-
-class NullBackend:
+class NullBackend(StandInBackend):
     """A model-free backend whose decode costs nothing: the logits are allocated once, token 1 wins."""
 
     def __init__(self, n_slots: int, n_batch: int, n_vocab: int, device_argmax: bool = False) -> None:
@@ -47,7 +40,7 @@ class NullBackend:
         self.logits[:, 1] = 1.0
         self.device_argmax = device_argmax
         self.best = np.ones(n_batch, dtype=np.int64)
-        self.arrays = Arrays(*(np.zeros(n_batch, dtype=t) for t in (np.int32, np.int32, np.int32, np.int8)))
+        self.arrays = BatchArrays.zeros(n_batch)
 
     def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
         return self.logits[: int(np.count_nonzero(want_logits))]
@@ -57,9 +50,9 @@ class NullBackend:
         # Every row here is a WANT_ARGMAX row (greedy, no logprobs), so every row is picked.
         if self.device_argmax:
             return self.best[: len(logits)]
-        return logits.argmax(axis=1)
+        return super().argmax(logits)
 
-    def batch_arrays(self) -> Arrays:
+    def batch_arrays(self) -> BatchArrays:
         return self.arrays
 
     def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
@@ -77,18 +70,6 @@ class NullBackend:
     def token_bytes(self, token: int) -> bytes:
         return b"a"
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        raise NotImplementedError
-
-    def new_sampler(self, params: SamplingParams):
-        raise NotImplementedError("the null backend samples greedily only")
-
-    def guidance_tokenizer(self):
-        raise NotImplementedError("the null backend takes no constraints")
-
-    def close(self) -> None:
-        pass
-
 
 def measure(n_slots: int, ticks: int, prompt_tokens: int, n_vocab: int, device_argmax: bool = False) -> dict:
     n_batch = max(512, n_slots)
@@ -98,7 +79,7 @@ def measure(n_slots: int, ticks: int, prompt_tokens: int, n_vocab: int, device_a
     params = SamplingParams(max_tokens=prefill_ticks + ticks + 8, ignore_eos=True)
     for i in range(n_slots):
         engine.add_request([2 + (i * 7 + j) % 60 for j in range(prompt_tokens)], params)
-    steady = []
+    steady: list[float] = []
     while len(steady) < ticks:
         done = len(engine.ticks)  # read from the record list: what step() returns changed across versions
         engine.step()

@@ -46,6 +46,7 @@ def main() -> None:
     spec = engine_setup(args)
     backend = build_backend(spec.backend)
     items = chats(backend, args.chats, args.system_tokens)
+    assert isinstance(items[0].prompt, str)  # chats are text
     first = len(backend.tokenize(items[0].prompt))
     print(f"{len(items)} chats, first prompt {first} tokens, {backend.info.description}")
     rows = {}

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from host_overhead import NullBackend
 
@@ -47,7 +48,7 @@ class SleepingBackend(NullBackend):
 def build_engine(concurrency: int, sleep_s: float, n_vocab: int, overlap: bool = False) -> Engine:
     backend = SleepingBackend(concurrency, sleep_s, n_vocab)
     # Passed only when set, so this file also runs on checkouts that predate it.
-    overlapped = {"async_scheduling": True} if overlap else {}
+    overlapped: dict[str, Any] = {"async_scheduling": True} if overlap else {}
     # As `cobali serve` runs it: each tick's record goes to on_tick, not into a list that the collector scans.
     config = EngineConfig(max_slots=concurrency, n_batch=backend.info.n_batch, record_ticks=False, **overlapped)
     return Engine(backend, config)

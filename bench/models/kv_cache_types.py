@@ -27,7 +27,7 @@ from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.tools import llama_logs
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.harness.fidelity import compare_runs, greedy_traces
+from cobali.harness.fidelity import Trace, compare_runs, greedy_traces
 from cobali.options import add_backend_args, backend_config, positive_int
 from cobali.workloads import load_items
 
@@ -46,7 +46,9 @@ def kv_bytes(args: argparse.Namespace, cache_type: str) -> dict:
     backend = LlamaCppBackend(typed(args, cache_type, n_ctx=4096))
     try:
         said = "\n".join(text for _, text in logs.since(mark))
-        mib, cells, seqs = re.search(KV_LINE, said).groups()
+        found = re.search(KV_LINE, said)
+        assert found, f"llama.cpp logged no KV buffer line: {said[-500:]}"
+        mib, cells, seqs = found.groups()
         n = 256
         tokens = np.array([1000 + j for j in range(n)], dtype=np.int32)
         backend.decode(tokens, np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int8))
@@ -91,7 +93,7 @@ def decode_speeds(args: argparse.Namespace, types: list[str]) -> dict[str, list[
 
 def fidelity(args: argparse.Namespace, types: list[str]) -> dict:
     items = load_items(args.fidelity_prompts)
-    traces = {}
+    traces: dict[str, list[list[Trace]]] = {}
     for cache_type in ["f16", *types]:  # f16 twice: the control, run to run
         backend = LlamaCppBackend(typed(args, cache_type))
         try:

@@ -27,7 +27,7 @@ from cobali.workloads import load_items
 SPLITS = {"base": lambda i: 0, "adapter": lambda i: 1, "half": lambda i: i % 2}
 
 
-def run(backend: LlamaCppBackend, prompts: list[str], slots: int, max_new: int, split: str) -> dict:
+def run(backend: LlamaCppBackend, prompts: list[str | list[int]], slots: int, max_new: int, split: str) -> dict:
     engine = Engine(backend, EngineConfig(max_slots=slots, prefix_cache=False))
     params = SamplingParams(max_tokens=max_new, ignore_eos=True)
     start = time.perf_counter()

@@ -54,11 +54,11 @@ def decode(backend: LlamaCppBackend, tokens: list[int], start: int, last_only: b
                    np.zeros(n, dtype=np.int32), want)
 
 
-def run(backend: LlamaCppBackend, items: list, slots: int, k: int, max_batch: int) -> dict:
+def run(backend: LlamaCppBackend, items: list, slots: int, k: int, max_batch: int, max_new: int) -> dict:
     engine = Engine(backend, EngineConfig(max_slots=slots, spec=SpecConfig(k, max_batch=max_batch),
                                           prefix_cache=False))
     start = time.perf_counter()
-    requests = [engine.add_request(item.prompt, SamplingParams(max_tokens=item.max_tokens or 64, ignore_eos=True))
+    requests = [engine.add_request(item.prompt, SamplingParams(max_tokens=item.max_tokens or max_new, ignore_eos=True))
                 for item in items]
     list(LLM(engine).run())
     wall = time.perf_counter() - start
@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=1, help="guess only in ticks with at most this many "
                         "decoding requests (--speculative-max-batch)")
+    parser.add_argument("--max-new", type=int, default=64, help="new tokens of a request the workload gives none")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--position", type=int, default=300, help="row costs: tokens already in the sequence")
     parser.add_argument("--repeat", type=int, default=40, help="row costs: decodes per row count")
@@ -93,7 +94,7 @@ def main() -> None:
         print(f"{'round':>5} {'K':>3} {'wall s':>8} {'TPOT p50 ms':>12} {'kept':>6}")
         for round_ in range(1, args.rounds + 1):
             for k in ks:
-                r = run(backend, items, args.slots, k, args.max_batch)
+                r = run(backend, items, args.slots, k, args.max_batch, args.max_new)
                 kept = f"{r['kept']:.0%}" if r["kept"] is not None else "-"
                 print(f"{round_:>5} {k:>3} {r['wall_s']:>8.2f} {r['tpot_p50_ms']:>12.2f} {kept:>6}", flush=True)
     finally:

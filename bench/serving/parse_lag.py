@@ -3,6 +3,7 @@ around each body, and the worst latency of a GET /health polled beside it.
 
     .venv/bin/python bench/serving/parse_lag.py                        # this checkout
     .venv/bin/python bench/serving/parse_lag.py --source /path/to/src  # other sources (`git archive <rev> | tar -x`)
+    .venv/bin/python bench/serving/parse_lag.py --scale 0.001 --only detokenize --repeat 1   # the smallest run (CI)
 
 Loop lag: /metrics' worst-lag gauge once the body was sent (in brackets: after the warm-up alone). A fresh
 server for each body runs the fake backend in a child process (uvicorn, as `cobali serve` runs it), so nothing
@@ -44,26 +45,30 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 LAG_MAX = re.compile(r"^cobali:event_loop_lag_max_seconds (\S+)$", re.M)
 
 
-def bodies() -> dict[str, tuple[str, bytes]]:
+def bodies(scale: float = 1.0) -> dict[str, tuple[str, bytes]]:
+    """Each body's route and bytes; `scale` shrinks every count in them (the names keep the full sizes)."""
     def encode(value: object) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
-    enum = [f"value-{i:06d}-{'x' * 16}" for i in range(100_000)]
+    def n(full: int) -> int:
+        return max(1, round(full * scale))
+
+    enum = [f"value-{i:06d}-{'x' * 16}" for i in range(n(100_000))]
     return {
         "json_schema, 100k-value enum": ("/v1/completions", encode(
             {"prompt": "x", "max_tokens": 1, "response_format": {"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "string", "enum": enum}}}})),
         "guided_choice, 200k choices": ("/v1/completions", encode(
-            {"prompt": "x", "max_tokens": 1, "guided_choice": [f"choice-{i:07d}" for i in range(200_000)]})),
+            {"prompt": "x", "max_tokens": 1, "guided_choice": [f"choice-{i:07d}" for i in range(n(200_000))]})),
         "chat, one 3.9 MB message": ("/v1/chat/completions", encode(
-            {"messages": [{"role": "user", "content": "word " * 780_000}], "max_tokens": 1})),
+            {"messages": [{"role": "user", "content": "word " * n(780_000)}], "max_tokens": 1})),
         "chat, 100k messages": ("/v1/chat/completions", encode(
-            {"messages": [{"role": "user", "content": "hi"}] * 100_000, "max_tokens": 1})),
+            {"messages": [{"role": "user", "content": "hi"}] * n(100_000), "max_tokens": 1})),
         "responses, 100k input items": ("/v1/responses", encode(
-            {"input": [{"role": "user", "content": "hi"}] * 100_000, "max_output_tokens": 1})),
+            {"input": [{"role": "user", "content": "hi"}] * n(100_000), "max_output_tokens": 1})),
         "completions, 250k unknown fields": ("/v1/completions", encode(
-            {"prompt": "x", "max_tokens": 1, **{f"k{i:07d}": 1 for i in range(250_000)}})),
-        "detokenize, 1M token ids": ("/detokenize", encode({"tokens": [7] * 1_000_000})),
+            {"prompt": "x", "max_tokens": 1, **{f"k{i:07d}": 1 for i in range(n(250_000))}})),
+        "detokenize, 1M token ids": ("/detokenize", encode({"tokens": [7] * n(1_000_000)})),
     }
 
 
@@ -80,7 +85,8 @@ def measure(base: str, path: str, body: bytes, repeat: int) -> tuple[float, int]
     worst_health, status = 0.0, 0
     with httpx.Client(base_url=base, timeout=60) as client, httpx.Client(base_url=base, timeout=60) as poller:
         for _ in range(repeat):
-            stop, latencies = threading.Event(), []
+            stop = threading.Event()
+            latencies: list[float] = []
             watcher = threading.Thread(target=health_worst_ms, args=(poller, stop, latencies))
             watcher.start()
             status = client.post(path, content=body, headers={"content-type": "application/json"}).status_code
@@ -92,8 +98,9 @@ def measure(base: str, path: str, body: bytes, repeat: int) -> tuple[float, int]
 
 
 def lag_max_ms(base: str) -> float:
-    text = httpx.get(f"{base}/metrics", timeout=30).text
-    return float(LAG_MAX.search(text).group(1)) * 1e3
+    found = LAG_MAX.search(httpx.get(f"{base}/metrics", timeout=30).text)
+    assert found, "/metrics has no event-loop lag gauge"
+    return float(found.group(1)) * 1e3
 
 
 @contextlib.contextmanager
@@ -128,9 +135,13 @@ def main() -> None:
     parser.add_argument("--source", default=str(ROOT), help="the sources the server runs (default: this checkout)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--port", type=int, default=18431)
+    parser.add_argument("--scale", type=float, default=1.0, help="every body's counts times this (0.001: tiny)")
+    parser.add_argument("--only", default="", help="a regex: only the bodies whose name it finds")
     args = parser.parse_args()
     print(f"{'body':32} {'MB':>5} {'status':>6} {'lag max ms (warm-up)':>21} {'/health worst ms':>17}")
-    for name, (path, body) in bodies().items():
+    for name, (path, body) in bodies(args.scale).items():
+        if not re.search(args.only, name):
+            continue
         with serving(args.source, args.port) as base:
             warm = lag_max_ms(base)
             health, status = measure(base, path, body, args.repeat)

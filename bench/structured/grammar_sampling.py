@@ -65,7 +65,7 @@ def main() -> None:
     backend = LlamaCppBackend(LlamaCppConfig(embedded_model_path(), n_seq_max=args.slots, n_threads=args.threads))
     results: dict[str, list[dict]] = {name: [] for name in GRAMMARS}
     try:
-        run(backend, None, 2, 2, 8)  # warm-up
+        run(backend, None, 2, min(2, args.slots), 8)  # warm-up
         for _ in range(args.rounds):
             for name, grammar in GRAMMARS.items():
                 results[name].append(run(backend, grammar, args.requests, args.slots, args.max_new, args.top_p,

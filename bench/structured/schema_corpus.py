@@ -14,6 +14,7 @@ Two parts:
 
     .venv/bin/python bench/structured/schema_corpus.py              # pydantic part only
     .venv/bin/python bench/structured/schema_corpus.py --packages   # and re-collect the package part from .venv
+    .venv/bin/python bench/structured/schema_corpus.py --corpus /tmp/corpus   # elsewhere (CI's run)
 """
 
 from __future__ import annotations
@@ -938,8 +939,8 @@ def snake(name: str) -> str:
     return re.sub(r"_+", "_", re.sub(r"[^a-z0-9_]", "_", out)).strip("_")
 
 
-def write_pydantic() -> int:
-    folder = CORPUS / "pydantic"
+def write_pydantic(corpus: Path) -> int:
+    folder = corpus / "pydantic"
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.json"):
         old.unlink()
@@ -1000,15 +1001,15 @@ def digest(schema: Any) -> str:
     return hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()
 
 
-def collect_packages(venv: Path) -> int:
+def collect_packages(venv: Path, corpus: Path) -> int:
     import importlib
     from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
-    folder = CORPUS / "packages"
+    folder = corpus / "packages"
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.json"):
         old.unlink()
-    seen = {digest(json.loads(p.read_text())) for p in (CORPUS / "pydantic").glob("*.json")}
+    seen = {digest(json.loads(p.read_text())) for p in (corpus / "pydantic").glob("*.json")}
     distributions = packages_distributions()
     sources: dict[str, str] = {}
 
@@ -1052,10 +1053,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--packages", action="store_true", help="also re-collect the schemas shipped in the venv")
     parser.add_argument("--venv", type=Path, default=Path(sys.prefix))
+    parser.add_argument("--corpus", type=Path, default=CORPUS, help="where the two parts go (default: tests/schemas)")
     args = parser.parse_args()
-    print(f"pydantic: {write_pydantic()} schemas")
+    print(f"pydantic: {write_pydantic(args.corpus)} schemas")
     if args.packages:
-        print(f"packages: {collect_packages(args.venv)} schemas")
+        print(f"packages: {collect_packages(args.venv, args.corpus)} schemas")
 
 
 if __name__ == "__main__":

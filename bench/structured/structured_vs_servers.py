@@ -32,7 +32,7 @@ genres ::= ( string ( ", " string )* )?
 string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\""
 integer ::= "-"? ( "0" | [1-9] [0-9]{0,15} )
 """
-CONSTRAINTS = {"none": {}, "json_schema": {"response_format": {"type": "json_schema",
+CONSTRAINTS: dict[str, dict] = {"none": {}, "json_schema": {"response_format": {"type": "json_schema",
                                                                  "json_schema": {"name": "film", "schema": SCHEMA}}},
                "grammar": {"grammar": FILM_GBNF}}
 

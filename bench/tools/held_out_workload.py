@@ -23,6 +23,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def paragraphs() -> list[str]:
 
 def build(n: int, seed: int, max_chars: int) -> dict:
     corpus, rng = paragraphs(), random.Random(seed)
-    requests = []
+    requests: list[dict[str, Any]] = []
     for _ in range(n):
         start, count = rng.randrange(len(corpus)), rng.randint(1, 14)
         chosen = corpus[start:start + count]
@@ -75,7 +76,8 @@ def build(n: int, seed: int, max_chars: int) -> dict:
 def chat(corpus: list[str], rng: random.Random, turns: int, max_chars: int) -> list[str]:
     """One chat's prompts, each the previous one, a stand-in reply, new paragraphs and a task; the last one
     under max_chars."""
-    at, prompts, budget = rng.randrange(len(corpus)), [], max_chars // turns
+    at, budget = rng.randrange(len(corpus)), max_chars // turns
+    prompts: list[str] = []
     for _ in range(turns):
         reply = [corpus[at % len(corpus)][:budget // 4]] if prompts else []
         new = [p[:budget // 2] for p in corpus[at + 1:at + 1 + rng.randint(1, 3)]] or [corpus[0][:budget // 2]]

@@ -1,4 +1,4 @@
-"""A deterministic model-free backend for tests.
+"""Model-free backends: the base every stand-in shares, and a deterministic one for tests.
 
 Logits for a row depend only on its sequence's KV contents, never on what else is in the batch, so any
 correct schedule produces the same greedy tokens as sequential decoding. The KV bookkeeping is strict:
@@ -16,12 +16,14 @@ from llguidance import LLTokenizer, TokenizerWrapper
 
 from cobali.backends.base import (
     WANT_ARGMAX,
+    Backend,
     BackendInfo,
     BatchArrays,
     DecodeError,
     EmbeddingLimits,
     SamplingParams,
     TemplateSource,
+    TokenSampler,
 )
 
 EOG_TOKEN = 0
@@ -37,8 +39,64 @@ class Batch:
     want_logits: tuple[bool, ...]
 
 
+class StandInBackend(Backend):
+    """The base of every model-free backend (FakeBackend, the simulator's, bench/'s null and sleeping ones). It
+    declares the Backend protocol, so that mypy refuses to build a stand-in lacking a member, and answers what a
+    backend without a model answers alike: a member the protocol gains is added here once, for all of them. Each
+    stand-in brings its own info, decode, batch_arrays, KV edits and vocabulary (tokenize, token_bytes, eog_mask)."""
+
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        return logits.argmax(axis=1)
+
+    def special_token_bytes(self, token: int) -> bytes:
+        return self.token_bytes(token)  # a vocabulary without control tokens
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+    def chat_template_source(self) -> TemplateSource:
+        return TemplateSource(None)  # the fallback above
+
+    @property
+    def embedding_limits(self) -> EmbeddingLimits:
+        return EmbeddingLimits(self.info.n_ctx_seq, 4, self.info.n_vocab)
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Counts of each token: texts sharing words point the same way."""
+        out = np.zeros((len(inputs), self.info.n_vocab), dtype=np.float32)
+        for row, tokens in enumerate(inputs):
+            np.add.at(out[row], tokens, 1.0)
+        return out
+
+    # No adapters (info.n_loras = 0), no saved KV (info.kv_bytes_per_token = 0), greedy rows only: the engine asks
+    # none of these of a stand-in that declares so; one that does overrides them.
+    def use_lora(self, index: int) -> None:
+        assert index == 0, f"{type(self).__name__} has no LoRA adapters"
+
+    def load_lora(self, path: str) -> int:
+        raise ValueError(f"could not load a LoRA adapter for this model from {path}: {type(self).__name__} takes none")
+
+    def unload_lora(self, index: int) -> None:
+        raise AssertionError(f"{type(self).__name__} has no LoRA adapter {index}")
+
+    def save_seq(self, seq_id: int) -> np.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} saves no KV")
+
+    def load_seq(self, seq_id: int, data: np.ndarray) -> None:
+        raise NotImplementedError(f"{type(self).__name__} saves no KV")
+
+    def new_sampler(self, params: SamplingParams) -> TokenSampler:
+        raise NotImplementedError(f"{type(self).__name__} samples greedy rows only")
+
+    def guidance_tokenizer(self) -> LLTokenizer:
+        raise NotImplementedError(f"{type(self).__name__} takes no constraints")
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass
-class FakeBackend:
+class FakeBackend(StandInBackend):
     n_seq_max: int = 4
     n_ctx_seq: int = 4096
     n_batch: int = 512
@@ -75,7 +133,7 @@ class FakeBackend:
         self.n_picked = 0  # tokens picked on the "device" so far
 
     def argmax(self, logits: np.ndarray) -> np.ndarray:
-        best = logits.argmax(axis=1)
+        best = super().argmax(logits)
         for out_row, token in self._picked.items():
             best[out_row] = token
         return best
@@ -177,23 +235,6 @@ class FakeBackend:
     def special_token_bytes(self, token: int) -> bytes:
         control = self.control_tokens.get(token)
         return control.encode() if control is not None else self.token_bytes(token)
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
-
-    def chat_template_source(self) -> TemplateSource:
-        return TemplateSource(None)  # the fallback above
-
-    @property
-    def embedding_limits(self) -> EmbeddingLimits:
-        return EmbeddingLimits(self.n_ctx_seq, 4, self.n_vocab)
-
-    def embed(self, inputs: list[list[int]]) -> np.ndarray:
-        """Counts of each token: texts sharing words point the same way."""
-        out = np.zeros((len(inputs), self.n_vocab), dtype=np.float32)
-        for row, tokens in enumerate(inputs):
-            np.add.at(out[row], tokens, 1.0)
-        return out
 
     def new_sampler(self, params: SamplingParams) -> FakeSampler:
         return FakeSampler(self, params)
