@@ -1,6 +1,8 @@
 """Whether every reply parser costs time linear in the reply: each tool-call and reasoning parser over replies
-made of its own tags (its openers, closers and markers repeated, partial tags, a run of spaces after an opener,
-`[[[[` JSON deep inside a call, complete calls or messages back to back), read whole and streamed in 4-character
+made of its own tags (its openers, closers and markers repeated, partial tags, a run of spaces or `[[[[` JSON
+after an opener or inside a call, complete calls or messages back to back), and over attacks on one format's own
+grammar that were slow or raised before (SPECIFIC: `<parameter=` repeated in a Qwen3-Coder call, a long name
+after `[TOOL_CALLS]`, spaces after a DeepSeek call's opener, ...), read whole and streamed in 4-character
 pieces, at two sizes (64k and 128k characters by default).
 
     .venv/bin/python bench/parsers/linearity.py [--sizes 65536 131072] [--json OUT] [--cap 20]
@@ -8,12 +10,13 @@ pieces, at two sizes (64k and 128k characters by default).
     PYTHONPATH=/work/before .venv/bin/python bench/parsers/linearity.py   # an older checkout (the same commands)
 
 Each measurement runs in a forked child (the best of --repeat, fewer where one run is slow), killed after --cap
-seconds and reported as ">CAP s", so a quadratic parser on an older checkout still lets the table end. The ratio
-is per doubling of the size (`(t_large / t_small) ** (1 / log2(large / small))`); the verdict is `linear` where,
-whole and streamed, it is at most 2.5 and the large size takes at most 1 s (a ratio under a time of 50 ms is
-noise and is not held against it), else `SLOW`; `error` where the parser raised. Only the registries and the
-stream API that every checkout since the parsers' split shares are used (`TOOL_PARSERS`, `DEFAULT_TOOL_PARSER`,
-`REASONING_PARSERS`, `.parse`, `.stream`, `.feed`, `.finish`, `.special_tags`, `.call_head`, `.call_tail`).
+seconds and reported as ">CAP s" (the larger size then is not run), so a quadratic parser on an older checkout
+still lets the table end. The ratio is per doubling of the size (`(t_large / t_small) ** (1 / log2(large /
+small))`); the verdict is `linear` where, whole and streamed, it is at most 2.5 and the large size takes at most
+1 s (a ratio under a time of 50 ms is noise and is not held against it), else `SLOW`; `error` where the parser
+raised. Only the registries and the stream API that every checkout since the parsers' split shares are used
+(`TOOL_PARSERS`, `DEFAULT_TOOL_PARSER`, `REASONING_PARSERS`, `.parse`, `.stream`, `.feed`, `.finish`,
+`.special_tags`, `.call_head`, `.call_tail`, `.opening`, `.separator`, `.closing`).
 """
 
 from __future__ import annotations
@@ -25,21 +28,52 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cobali
 from cobali.frontend.parsers.reasoning import REASONING_PARSERS
 from cobali.frontend.parsers.tools import DEFAULT_TOOL_PARSER, TOOL_PARSERS
 
-TOOLS = ["f"]  # the one tool a call may name
+# The one tool a call may name; its parameter `a` typed, so that a Qwen3-Coder call reads its value as JSON.
+TOOLS = {"f": {"type": "object", "properties": {"a": {"type": "array"}}}}
 PIECE = 4  # characters a streamed feed
 NOISE_S = 0.05  # below this, a ratio is mostly noise (a shared machine, the timer)
 MAX_S, MAX_RATIO = 1.0, 2.5
+
+
+class Case(NamedTuple):
+    head: str  # written once, first
+    unit: str  # repeated to the size
+    tail: str = ""  # written once, last (a call or block closed after the run)
+
+
+QWEN_CALL = "<tool_call>\n<function=f>\n"
+DS_BLOCK, DS_CALL, DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁calls▁end｜>"
+HARMONY_CALL = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>"
 # Formats whose calls are no JSON arguments after a head: a whole call, written out.
-WHOLE_CALLS = {"tools/qwen3_coder": "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n"
-                                    "</tool_call>"}
+WHOLE_CALLS = {"tools/qwen3_coder": f"{QWEN_CALL}<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>"}
 MESSAGES = {"reasoning/openai_gptoss": "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final"
                                        "<|message|>y<|end|><|start|>assistant"}
+# Attacks on one format's grammar past what its tags and call head make (cases() writes those for every parser):
+# each was slow (over 20 s at 128k for some) or raised before issue 44.
+SPECIFIC: dict[str, dict[str, Case]] = {
+    "tools/hermes": {"opener, text": Case("<tool_call>", "abcd")},
+    "tools/qwen3_coder": {
+        "<parameter= repeated": Case(QWEN_CALL, "<parameter=", "</function></tool_call>"),
+        "<parameter= repeated, open": Case(QWEN_CALL, "<parameter="),
+        "parameters": Case(QWEN_CALL, "<parameter=a>x", "</tool_call>"),
+        "<function= repeated": Case("<tool_call>\n", "<function=", "</tool_call>"),
+        "parameter, deep [[[": Case(f"{QWEN_CALL}<parameter=a>\n", "[", "</tool_call>"),
+    },
+    "tools/llama3_json": {"spaces": Case("", " "), "{, spaces": Case("{", " "), "[, spaces": Case("[", " ")},
+    "tools/mistral": {"long name": Case("[TOOL_CALLS]", "a")},
+    "tools/deepseek_v3": {"call openers": Case(DS_BLOCK, DS_CALL, DS_END),
+                          "call opener, spaces": Case(DS_BLOCK + DS_CALL, " ", DS_END)},
+    "tools/openai": {"markers": Case("", "<|start|>assistant<|channel|>"),
+                     "calls, <|call|>": Case("", HARMONY_CALL + '{"a": 1}<|call|>')},
+}
+SPECIFIC["tools/deepseek_v31"] = SPECIFIC["tools/deepseek_v3"]
+SPECIFIC["tools/hermes_or_llama3_json"] = SPECIFIC["tools/hermes"] | SPECIFIC["tools/llama3_json"]
 
 
 def parsers() -> dict[str, tuple[str, Any]]:
@@ -57,31 +91,33 @@ def call_head(parser: Any) -> str | None:
         return None
 
 
-def cases(name: str, kind: str, parser: Any) -> dict[str, tuple[str, str]]:
-    """Each case: (a head written once, a unit repeated to the size)."""
+def cases(name: str, kind: str, parser: Any) -> dict[str, Case]:
+    """The cases every parser gets, from its tags and call head, then those of SPECIFIC that are its own."""
     tags = tuple(parser.special_tags)
     opener, closer = tags[0], tags[1] if len(tags) > 1 else tags[0]
     head = call_head(parser) if kind == "tools" else None
     made = {
-        "all tags": ("", "".join(tags)),
-        "openers": ("", opener),
-        "closers": ("", closer),
-        "tag prefixes": ("", "".join(t[:-1] for t in tags)),
-        "opener, spaces": (opener, " "),
-        "deep [[[": (head or opener, "["),
+        "all tags": Case("", "".join(tags)),
+        "openers": Case("", opener),
+        "closers": Case("", closer),
+        "tag prefixes": Case("", "".join(t[:-1] for t in tags)),
+        "opener, spaces": Case(opener, " "),
+        "deep [[[": Case(opener, "["),
     }
-    if head is not None:
-        made["calls"] = ("", f"{head}{{}}{parser.call_tail}")
+    if head is not None:  # inside a call, as a forced one is written: the block's opening, the call's head
+        made["call head, spaces"] = Case(parser.opening + head, " ")
+        made["call head, deep [[["] = Case(parser.opening + head, "[")
+        made["calls"] = Case(parser.opening, f"{head}{{}}{parser.call_tail}{parser.separator}", parser.closing)
     elif name in WHOLE_CALLS:
-        made["calls"] = ("", WHOLE_CALLS[name])
+        made["calls"] = Case("", WHOLE_CALLS[name])
     elif kind == "reasoning":
-        made["messages"] = ("", MESSAGES.get(name, f"{opener}x{closer}"))
-    return made
+        made["messages"] = Case("", MESSAGES.get(name, f"{opener}x{closer}"))
+    return made | SPECIFIC.get(name, {})
 
 
-def reply(case: tuple[str, str], size: int) -> str:
-    head, unit = case
-    return (head + unit * (size // len(unit) + 1))[:size]
+def reply(case: Case, size: int) -> str:
+    body = size - len(case.head) - len(case.tail)
+    return case.head + (case.unit * (body // len(case.unit) + 1))[:body] + case.tail
 
 
 def runner(kind: str, parser: Any, text: str, streamed: bool) -> Callable[[], object]:
@@ -178,8 +214,11 @@ def main() -> None:
         if args.only is not None and name not in args.only:
             continue
         for case in cases(name, kind, parser):
-            times = [measure(name, case, size, streamed, repeat, cap)
-                     for streamed in (False, True) for size in (small, large)]
+            times: list[float | str] = []
+            for streamed in (False, True):
+                times.append(measure(name, case, small, streamed, repeat, cap))
+                over = isinstance(times[-1], str) and times[-1].startswith(">")
+                times.append(times[-1] if over else measure(name, case, large, streamed, repeat, cap))
             ratios = [per_doubling(times[0], times[1], large / small), per_doubling(times[2], times[3], large / small)]
             judged = verdict(times, ratios)
             rows.append({"parser": name, "case": case, "sizes": [small, large], "whole_s": times[:2],
