@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from cobali.frontend.parsers.reply import ReplyParsers, ReplyStream
 from cobali.http.routes import completions
-from tests.unit.http.test_parse_off_loop import _on_loop
+from tests.unit.http.test_parse_off_loop import _recording
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -25,14 +25,6 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "/v1/responses": {"input": "hi", "max_output_tokens": 4},
     "/v1/messages": {"messages": MESSAGES, "max_tokens": 4},
 }
-
-
-def _recording(calls: list[tuple[str, bool]], name: str, real: Callable[..., Any]) -> Callable[..., Any]:
-    def record(*args: Any, **kwargs: Any) -> Any:
-        calls.append((name, _on_loop()))
-        return real(*args, **kwargs)
-
-    return record
 
 
 @pytest.fixture
