@@ -206,10 +206,38 @@ def _contract_cases() -> list[Case]:
         Case("/docs without the key", "auth", None, "/docs", expect="401", auth=False),
         Case("/redoc without the key", "auth", None, "/redoc", expect="401", auth=False),
         Case("/openapi.json without the key", "auth", None, "/openapi.json", expect="401", auth=False),
+        *_template_cases(),
         Case("priority 2^31", "priority", completion(priority=2**31), expect="4xx"),
         Case("priority -2^63", "priority", completion(priority=-(2**63)), expect="4xx"),
         Case("LoRA load: missing path vs not an adapter", "oracle", None, "/v1/load_lora_adapter", expect="same",
              special="lora_oracle"),
+    ]
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "object"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def _template_cases() -> list[Case]:
+    """Issue 44: what a chat template renders (tools, earlier calls' arguments, chat_template_kwargs)."""
+    user = {"role": "user", "content": "hi"}
+    deep_call = {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": "[" * 200_000}}]}
+    deep_tools = [{"type": "function", "function": {"name": "f", "parameters": _nested(400)}}]
+    return [
+        # too deep to read as JSON: rendered as the text it is, never a RecursionError
+        Case("tool-call arguments [[[ 200k deep", "template", chat(messages=[user, deep_call, user], max_tokens=2),
+             "/v1/chat/completions"),
+        Case("tools nested 800 deep", "template", chat(messages=[user], tools=deep_tools), "/v1/chat/completions",
+             expect="4xx"),
+        Case("tools nested 800 deep on /tokenize", "template", chat(messages=[user], tools=deep_tools),
+             "/tokenize", expect="4xx"),
+        Case("chat_template_kwargs 60k names", "template",
+             chat(messages=[user], max_tokens=2, chat_template_kwargs={f"k{i}": i for i in range(n(60_000))}),
+             "/v1/chat/completions"),
     ]
 
 
