@@ -3,10 +3,9 @@ layer's packages and modules by size.
 
     .venv/bin/python bench/code/lines_per_layer.py [REPO]      # default: this repository
 
-A top-level module or package is counted in the layer tests/unit/test_layers.py gives it (settings with the
-faces it serves; options, config, runner and the shared values as "shared"). Names only older checkouts have are
-placed where their code lives now, module by module where a package was split, so that two checkouts compare
-like for like.
+A top-level package is counted in the layer tests/unit/test_layers.py gives it, with the server, batch jobs, the
+simulator and Ray counted with the faces they serve. Names only older checkouts have are placed where their code
+lives now, module by module where a package was split, so that two checkouts compare like for like.
 """
 
 from __future__ import annotations
@@ -15,18 +14,22 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-LAYERS = ("faces", "shared", "frontend", "engine", "structured", "backends")
+LAYERS = ("faces", "config", "harness", "frontend", "engine", "structured", "backends")
 LAYER_OF = {
-    **dict.fromkeys(("cli", "ray", "run", "calibrate", "harness", "http", "batch", "sim", "synth", "synth_lora",
-                     "settings"), "faces"),
-    **dict.fromkeys(("options", "config", "runner", "offline", "latency", "workloads", "jsonl", "__init__"),
-                    "shared"),
-    **{layer: layer for layer in ("frontend", "engine", "structured", "backends")},
+    **dict.fromkeys(("faces", "ray", "http", "batch", "sim"), "faces"),
+    **{layer: layer for layer in ("config", "harness", "frontend", "engine", "structured", "backends")},
+    "__init__": "frontend",  # the package's names: the engine's values and the offline API
 }
 # Older checkouts' names. server/ became http/ (a face) but for what the frontend and structured now hold.
 FORMER = {
-    "bench": "faces",  # now harness/
-    "metrics": "shared",  # now latency.py
+    # before issue 45: faces, flags and shared values at the package root
+    **dict.fromkeys(("cli", "run", "calibrate", "synth", "synth_lora"), "faces"),
+    **dict.fromkeys(("settings", "options", "config"), "config"),
+    **dict.fromkeys(("runner", "latency", "workloads", "jsonl"), "harness"),
+    "offline": "frontend",
+    **dict.fromkeys(("harness/cli", "harness/fidelity_cli", "harness/sweep_cli"), "faces"),
+    "bench": "harness",  # now harness/
+    "metrics": "harness",  # now harness/latency.py
     "costs": "engine",  # now engine/costs.py, with the online fit
     "model": "backends",  # now backends/llama_cpp/
     "server": "faces",

@@ -20,7 +20,7 @@ import numpy as np
 from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
-from cobali.options import positive_int
+from cobali.config.flags import positive_int
 
 
 def main() -> None:

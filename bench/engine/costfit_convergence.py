@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cobali.backends.base import SamplingParams
+from cobali.config.flags import add_engine_args, engine_setup, non_negative_int, positive_int
 from cobali.engine.costs import OnlineCostFit, TickTerms
 from cobali.engine.plan import TickRecord
-from cobali.offline import LLM
-from cobali.options import add_engine_args, engine_setup, non_negative_int, positive_int
-from cobali.workloads import load_items
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
+from cobali.harness.workloads import load_items
 
 RANGES = ((0, 16), (16, 32), (32, 64), (64, 128), (128, 256), (256, 512), (512, 1024), (1024, 4096))
 

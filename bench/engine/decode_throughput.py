@@ -20,12 +20,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from cobali.backends.base import SamplingParams
-from cobali.config import build_backend
+from cobali.config.flags import add_backend_args, backend_config, positive_int
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
-from cobali.options import add_backend_args, backend_config, positive_int
+from cobali.engine.sampling_params import SamplingParams
+from cobali.engine.setup import build_backend
+from cobali.frontend.offline import LLM
 
 
 def engine_decode(args: argparse.Namespace, backend_sampling: bool | None = None) -> dict:

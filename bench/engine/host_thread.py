@@ -21,10 +21,10 @@ import time
 from sleeping_backend import PROMPT, build_engine, cpu_seconds
 
 from cobali import SamplingParams
+from cobali.config.flags import positive_float, positive_int
 from cobali.engine.outputs import RequestOutput
 from cobali.frontend.client import settle_heap
 from cobali.http.prometheus import ServerMetrics
-from cobali.options import positive_float, positive_int
 
 
 def main() -> None:

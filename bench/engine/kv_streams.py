@@ -24,7 +24,7 @@ from prefill_tile import decode_ms
 
 from cobali.backends.llama_cpp.backend import LlamaCppBackend
 from cobali.backends.llama_cpp.config import DEFAULT_CTX_PER_SEQ, LlamaCppConfig
-from cobali.options import positive_int
+from cobali.config.flags import positive_int
 
 
 def fill(backend: LlamaCppBackend, seq: int, n: int) -> None:

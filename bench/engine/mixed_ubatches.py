@@ -21,7 +21,7 @@ from prefill_tile import decode_ms
 
 from cobali.backends.llama_cpp.backend import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
-from cobali.options import positive_int
+from cobali.config.flags import positive_int
 
 
 def mixed_ms(backend: LlamaCppBackend, decode_rows: int, depth: int, prompt_slots: list[int],

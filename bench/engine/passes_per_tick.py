@@ -24,14 +24,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
+from cobali.config.flags import add_engine_args, backend_config, engine_config, positive_int
 from cobali.engine.engine import Engine
 from cobali.engine.plan import TickRecord
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.ubatches import SeqRows, logits_rows_copied, plan_rows, split_batch
-from cobali.offline import LLM
-from cobali.options import add_engine_args, backend_config, engine_config, positive_int
-from cobali.workloads import load_items
+from cobali.frontend.offline import LLM
+from cobali.harness.workloads import load_items
 
 
 def run(args: argparse.Namespace, device_sampling: bool) -> dict:

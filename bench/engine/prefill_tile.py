@@ -17,7 +17,7 @@ import numpy as np
 
 from cobali.backends.llama_cpp.backend import LlamaCppBackend
 from cobali.backends.llama_cpp.config import DEFAULT_CTX_PER_SEQ, LlamaCppConfig
-from cobali.options import non_negative_int, positive_int
+from cobali.config.flags import non_negative_int, positive_int
 
 Row = tuple[int, int, int, int]  # token, position, sequence, wants logits
 

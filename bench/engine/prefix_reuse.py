@@ -13,11 +13,11 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from cobali.config import build_backend
+from cobali.config.flags import add_engine_args, engine_setup, positive_int
 from cobali.engine.engine import Engine
-from cobali.options import add_engine_args, engine_setup, positive_int
-from cobali.runner import run_workload
-from cobali.workloads import WorkItem
+from cobali.engine.setup import build_backend
+from cobali.harness.driver import LoadOptions, run_workload
+from cobali.harness.workloads import WorkItem
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 
@@ -52,7 +52,7 @@ def main() -> None:
     rows = {}
     for cached in (False, True):
         engine = Engine(backend, replace(spec.engine, prefix_cache=cached))
-        summary = run_workload(engine, items, args.max_new, ignore_eos=True, progress=None).summary()
+        summary = run_workload(engine, items, LoadOptions(args.max_new, ignore_eos=True), progress=None).summary()
         rows[cached] = summary
         print(f"prefix cache {'on ' if cached else 'off'}: wall {summary['wall_s']:.2f} s, "
               f"TTFT p50 {summary['ttft_p50_ms']:.0f} ms, p99 {summary['ttft_p99_ms']:.0f} ms, "

@@ -23,7 +23,7 @@ from cobali.backends.base import WANT_ARGMAX
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
-from cobali.options import positive_int
+from cobali.config.flags import positive_int
 
 VARIANTS = ("host argmax", "greedy sampler alone", "token-only chain")
 PROMPT = "The quick brown fox jumps over the lazy dog, and then it runs into the forest to find"

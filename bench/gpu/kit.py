@@ -73,7 +73,7 @@ class Kit:
 
 
 def cobali(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "cobali.cli", *argv]
+    return [sys.executable, "-m", "cobali.faces.cli", *argv]
 
 
 def synth(kit: Kit) -> Path:

@@ -59,7 +59,7 @@ done
 "$PY" - "$BUNDLE/tokenizer.gguf" <<'PY'
 import sys
 from cobali.backends.embedded_model import embedded_model_path
-from cobali.synth import write_tokenizer
+from cobali.faces.synth_model import write_tokenizer
 write_tokenizer(embedded_model_path(), sys.argv[1])
 PY
 ls "$BUNDLE/wheels" >&2

@@ -25,11 +25,11 @@ import numpy as np
 
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.tools import llama_logs
+from cobali.config.flags import add_backend_args, backend_config, positive_int
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.harness.fidelity import Trace, compare_runs, greedy_traces
-from cobali.options import add_backend_args, backend_config, positive_int
-from cobali.workloads import load_items
+from cobali.harness.workloads import load_items
 
 # llama.cpp's line on the KV buffer it made: "llama_kv_cache: size = 90.00 MiB (2048 cells, 30 layers, 2/2 seqs)"
 KV_LINE = r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,.*?(\d+)/\d+ seqs"

@@ -14,15 +14,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
-from cobali.synth_lora import write_random_lora
-from cobali.workloads import load_items
+from cobali.engine.sampling_params import SamplingParams
+from cobali.faces.synth_lora import write_random_lora
+from cobali.frontend.offline import LLM
+from cobali.harness.workloads import load_items
 
 SPLITS = {"base": lambda i: 0, "adapter": lambda i: 1, "half": lambda i: i % 2}
 

@@ -18,14 +18,15 @@ import time
 
 import numpy as np
 
-from cobali.backends.base import WANT_LOGITS, SamplingParams
+from cobali.backends.base import WANT_LOGITS
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.speculative import SpecConfig
-from cobali.offline import LLM
-from cobali.workloads import load_items
+from cobali.frontend.offline import LLM
+from cobali.harness.workloads import load_items
 
 
 def row_costs(backend: LlamaCppBackend, position: int, max_rows: int, repeat: int) -> list[float]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
-from cobali.synth import QUANT_TYPES, SHAPES, check_decode, synth_model
+from cobali.faces.synth_model import QUANT_TYPES, SHAPES, check_decode, synth_model
 
 
 def measure(name: str, quant: str, folder: Path, n_decode: int | None) -> dict:

@@ -18,9 +18,9 @@ import asyncio
 import statistics
 from pathlib import Path
 
+from cobali.config.flags import positive_int
 from cobali.harness.serve_client import ServeOptions, endpoints, run_serve
-from cobali.options import positive_int
-from cobali.workloads import WorkItem
+from cobali.harness.workloads import WorkItem
 
 METRICS = ("tpot_p50_ms", "ttft_p50_ms")
 

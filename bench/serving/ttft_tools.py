@@ -25,7 +25,7 @@ import time
 import httpx
 from soak import started_server
 
-from cobali.options import positive_int
+from cobali.config.flags import positive_int
 
 SHAPES = {
     "prose": r"Paris is( [a-z]{2,8}){12,16}\.",

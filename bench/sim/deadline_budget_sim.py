@@ -17,8 +17,8 @@ import argparse
 import shlex
 import statistics
 
-from cobali.cli import build_parser
-from cobali.sim.cli import sim_spec, sim_workload
+from cobali.faces.cli import build_parser
+from cobali.faces.simulate import sim_spec, sim_workload
 from cobali.sim.cluster import simulate
 
 WORKLOAD = ("--profile cpu-2core-smollm2 --num-prompts 48 --random-input-len 700 --random-output-len 136 "

@@ -20,12 +20,12 @@ from dataclasses import replace
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
-from cobali.cli import build_parser
-from cobali.harness.cli import file_items
+from cobali.faces.bench import file_items
+from cobali.faces.cli import build_parser
+from cobali.faces.simulate import sim_spec
+from cobali.harness.workloads import arrival_offsets
 from cobali.sim.backend import SimBackend
-from cobali.sim.cli import sim_spec
 from cobali.sim.cluster import SimItem, simulate
-from cobali.workloads import arrival_offsets
 
 
 def kind(decode_rows: int, prefill_tokens: int) -> str:

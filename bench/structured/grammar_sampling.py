@@ -16,13 +16,13 @@ import argparse
 import statistics
 import time
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 from cobali.structured.grammars import JSON_OBJECT_GRAMMAR, json_schema_grammar, regex_grammar
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}, "year": {"type": "integer"},

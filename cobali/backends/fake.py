@@ -21,7 +21,7 @@ from cobali.backends.base import (
     BatchArrays,
     DecodeError,
     EmbeddingLimits,
-    SamplingParams,
+    SamplerChain,
     TemplateSource,
     TokenSampler,
 )
@@ -85,7 +85,7 @@ class StandInBackend(Backend):
     def load_seq(self, seq_id: int, data: np.ndarray) -> None:
         raise NotImplementedError(f"{type(self).__name__} saves no KV")
 
-    def new_sampler(self, params: SamplingParams) -> TokenSampler:
+    def new_sampler(self, spec: SamplerChain) -> TokenSampler:
         raise NotImplementedError(f"{type(self).__name__} samples greedy rows only")
 
     def guidance_tokenizer(self) -> LLTokenizer:
@@ -236,8 +236,8 @@ class FakeBackend(StandInBackend):
         control = self.control_tokens.get(token)
         return control.encode() if control is not None else self.token_bytes(token)
 
-    def new_sampler(self, params: SamplingParams) -> FakeSampler:
-        return FakeSampler(self, params)
+    def new_sampler(self, spec: SamplerChain) -> FakeSampler:
+        return FakeSampler(self, spec)
 
     def guidance_tokenizer(self) -> LLTokenizer:
         return LLTokenizer(TokenizerWrapper(_FakeVocabulary(self)), slices=[])
@@ -249,15 +249,15 @@ class FakeBackend(StandInBackend):
 class FakeSampler:
     """Temperature / top-k / top-p / penalties in numpy over the fake's last logits."""
 
-    def __init__(self, backend: FakeBackend, params: SamplingParams) -> None:
+    def __init__(self, backend: FakeBackend, spec: SamplerChain) -> None:
         self.backend = backend
-        self.params = params
+        self.spec = spec
         # Unseeded requests draw from a fixed seed too: a test run reproduces itself exactly.
-        self.rng = np.random.default_rng(DEFAULT_SEED if params.seed is None else params.seed)
+        self.rng = np.random.default_rng(DEFAULT_SEED if spec.seed is None else spec.seed)
         self.counts = np.zeros(backend.n_vocab, dtype=np.float32)
 
     def sample(self, row: int) -> int:
-        p = self.params
+        p = self.spec
         out_row = sum(self.backend.batches[-1].want_logits[:row])
         logits = self.backend.last_logits[out_row].copy()
         for token, bias in p.logit_bias:
@@ -272,7 +272,7 @@ class FakeSampler:
         return token
 
     def _draw(self, logits: np.ndarray) -> int:
-        p = self.params
+        p = self.spec
         order = np.argsort(-logits)
         if p.top_k:
             order = order[: p.top_k]

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.engine.outputs import RequestOutput
-from cobali.jsonl import ResultsFile
-from cobali.latency import request_record
-from cobali.offline import LLM, Pending
-from cobali.workloads import entry_max_tokens
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM, Pending
+from cobali.harness.latency import request_record
+from cobali.harness.results_file import ResultsFile
+from cobali.harness.workloads import entry_max_tokens
 
 OUTPUT_FIELDS = ("text", "finish_reason", "prompt_tokens", "output_tokens")
 JobId = str | int | float | bool | None

@@ -17,18 +17,20 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cobali.backends.base import Backend, DecodeError, SamplingParams
+from cobali.backends.base import Backend, DecodeError
 from cobali.engine.budget import AdaptiveBudget, DeadlineBudget, tick_budget
 from cobali.engine.costs import CostProfile
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.executor import Executor, StepResult
 from cobali.engine.kv import SlotPool
-from cobali.engine.model_info import ModelInfo, SlotState, Tokenizer, slot_states
 from cobali.engine.outputs import EngineStats, RequestOutput, final_output_of, output_of
 from cobali.engine.overlap import Pipeline
 from cobali.engine.plan import ChunkKind, Plan, TickRecord
 from cobali.engine.request import Drafted, FinishReason, Request
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.scheduler import Scheduler
+from cobali.engine.tokenizer import Tokenizer
+from cobali.engine.views import ModelInfo, SlotState, slot_states
 
 log = logging.getLogger("cobali.engine")
 
@@ -306,9 +308,13 @@ class Engine:
         learned = budget.costs if isinstance(budget, AdaptiveBudget | DeadlineBudget) else None
         tail = budget.tail if isinstance(budget, AdaptiveBudget) else None
         return EngineStats(
-            len(scheduler.running), len(scheduler.waiting), sum(r.computed_tokens for r in list(scheduler.running)),
-            self.backend.info.n_ctx, scheduler.preemptions, slots.queried_tokens, slots.hit_tokens,
-            slots.host.hit_tokens if slots.host is not None else 0, executor.n_draft_tokens,
-            executor.n_accepted_tokens, executor.kv.saved_bytes,
-            learned.error if learned is not None else None, learned.confident if learned is not None else None,
-            tail.share if tail is not None else None)
+            n_running=len(scheduler.running), n_waiting=len(scheduler.waiting),
+            kv_used_tokens=sum(r.computed_tokens for r in list(scheduler.running)), n_ctx=self.backend.info.n_ctx,
+            preemptions=scheduler.preemptions, prefix_queried_tokens=slots.queried_tokens,
+            prefix_hit_tokens=slots.hit_tokens,
+            prefix_host_hit_tokens=slots.host.hit_tokens if slots.host is not None else 0,
+            draft_tokens=executor.n_draft_tokens, accepted_draft_tokens=executor.n_accepted_tokens,
+            host_cache_bytes=executor.kv.saved_bytes,
+            tick_cost_error=learned.error if learned is not None else None,
+            tick_cost_confident=learned.confident if learned is not None else None,
+            whole_prompt_stall_share=tail.share if tail is not None else None)

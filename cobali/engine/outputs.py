@@ -82,7 +82,7 @@ def refused(request_id: int, error: str, now: float) -> RequestOutput:
                          stats=stats)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # fourteen numbers: named where it is built
 class EngineStats:
     """The engine's gauges and running totals at one moment (read from another thread: a snapshot)."""
 

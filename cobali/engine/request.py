@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from cobali.backends.base import SamplingParams
 from cobali.engine.detok import TextStream
 from cobali.engine.sampling import TokenLogprob
+from cobali.engine.sampling_params import SamplingParams
 
 
 class RequestState(enum.Enum):

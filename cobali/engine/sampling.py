@@ -11,7 +11,8 @@ import numpy as np
 from cobali.structured.guide import Guide
 
 if TYPE_CHECKING:
-    from cobali.backends.base import Backend, SamplingParams, TokenSampler
+    from cobali.backends.base import Backend, TokenSampler
+    from cobali.engine.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -129,7 +130,7 @@ class RowSampler:
     def _sampler_for(self, request_id: int, params: SamplingParams) -> TokenSampler:
         sampler = self._samplers.get(request_id)
         if sampler is None:
-            sampler = self._samplers[request_id] = self.backend.new_sampler(params)
+            sampler = self._samplers[request_id] = self.backend.new_sampler(params.chain)
         return sampler
 
     def forget(self, request_id: int) -> None:

@@ -22,7 +22,7 @@ from cobali.engine.sampling import token_logprob
 if TYPE_CHECKING:
     import numpy as np
 
-    from cobali.backends.base import SamplingParams
+    from cobali.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

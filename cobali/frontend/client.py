@@ -29,11 +29,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
-from cobali.engine.model_info import ModelInfo, SlotState, Tokenizer
 from cobali.engine.outputs import EngineStats, RequestOutput
 from cobali.engine.plan import TickRecord
+from cobali.engine.sampling_params import SamplingParams
+from cobali.engine.tokenizer import Tokenizer
+from cobali.engine.views import ModelInfo, SlotState
 from cobali.frontend.generation import EngineUnavailable, Failure, Generation
 from cobali.structured.compiler import GrammarCompiler
 

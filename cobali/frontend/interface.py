@@ -3,13 +3,15 @@ engine or a backend (tests/unit/test_layers.py checks it)."""
 
 from __future__ import annotations
 
-from cobali.backends.base import SamplingParams
 from cobali.engine.adapters import AdapterLimit
-from cobali.engine.model_info import ModelInfo, SlotState, Tokenizer
 from cobali.engine.outputs import EngineStats, RequestOutput, RequestStats
 from cobali.engine.plan import TickRecord
 from cobali.engine.request import FinishReason
 from cobali.engine.sampling import TokenLogprob
+from cobali.engine.sampling_params import SamplingParams
+from cobali.engine.setup import EngineSetup
+from cobali.engine.tokenizer import Tokenizer
+from cobali.engine.views import ModelInfo, SlotState
 
-__all__ = ["AdapterLimit", "EngineStats", "FinishReason", "ModelInfo", "RequestOutput", "RequestStats",
+__all__ = ["AdapterLimit", "EngineSetup", "EngineStats", "FinishReason", "ModelInfo", "RequestOutput", "RequestStats",
            "SamplingParams", "SlotState", "TickRecord", "TokenLogprob", "Tokenizer"]

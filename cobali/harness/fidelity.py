@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.engine.request import FinishReason
-from cobali.offline import LLM
-from cobali.workloads import WorkItem
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
+from cobali.harness.workloads import WorkItem
 
 # Largest reference margin (nats) at which a divergence still counts as noise: above every divergence honest
 # batching made in the fidelity matrix (bench/engine/fidelity_matrix.sh: mixed batches, short chunks, preemption,

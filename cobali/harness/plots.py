@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cobali.engine.plan import ChunkKind, TickRecord
-from cobali.harness.offline import BenchRun
+from cobali.harness.configs import BenchRun
+from cobali.harness.latency import final_stats, latency_samples, request_timing
 from cobali.harness.report import gaps_ms
-from cobali.latency import final_stats, latency_samples, request_timing
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -201,7 +201,7 @@ def sweep_plots(out: Path, summaries: Sequence[dict]) -> list[Path]:
 
 def write_offline_plots(out: Path, runs: Sequence[BenchRun], summaries: Sequence[dict]) -> list[Path]:
     samples = {r.config.name: latency_samples(request_timing(final_stats(o)) for o in r.result.outputs) for r in runs}
-    gaps = {r.config.name: gaps_ms(r.result.ticks, r.idle_after) for r in runs}
+    gaps = {r.config.name: gaps_ms(r.result.ticks, r.result.idle_after) for r in runs}
     paths = [throughput_bars(out / "throughput.png", summaries),
              latency_cdfs(out / "latency_cdf.png", samples),
              gap_histogram(out / "gap_hist.png", gaps)]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from cobali.engine.costs import TickTerms
 from cobali.engine.plan import TickRecord
-from cobali.harness.offline import BenchRun
-from cobali.latency import LATENCIES, percentile_stats, request_record, write_json
+from cobali.harness.configs import BenchRun
+from cobali.harness.latency import LATENCIES, percentile_stats, request_record, write_json
 
 # (header, summary key, format); a missing or None value prints as "-".
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -38,7 +38,7 @@ def gaps_ms(ticks: Sequence[TickRecord], idle_after: frozenset[int] = frozenset(
 
 def run_summary(run: BenchRun) -> dict:
     summary = {"config": run.config.name, **run.result.summary()}
-    summary["gap_ms"] = percentile_stats(gaps_ms(run.result.ticks, run.idle_after))
+    summary["gap_ms"] = percentile_stats(gaps_ms(run.result.ticks, run.result.idle_after))
     summary["engine"] = asdict(run.config)
     return summary
 

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 import httpx
 from tqdm import tqdm
 
-from cobali.latency import RequestTiming, summarize_timings, timing_from_times
-from cobali.runner import user_cpu_seconds
-from cobali.workloads import WorkItem, arrival_offsets
+from cobali.harness.driver import user_cpu_seconds
+from cobali.harness.latency import RequestTiming, summarize_timings, timing_from_times
+from cobali.harness.workloads import WorkItem, arrival_offsets
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cobali.engine.outputs import RequestOutput
-from cobali.harness.offline import BenchRun
-from cobali.runner import RunResult
+from cobali.harness.configs import BenchRun
+from cobali.harness.driver import RunResult
 
 TICK_TID = 0
 

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from cobali.frontend.interface import EngineStats, FinishReason, RequestOutput, RequestStats, TickRecord
+from cobali.harness.latency import request_timing
 from cobali.http.loop_lag import LoopLagMonitor
-from cobali.latency import request_timing
 
 log = logging.getLogger("cobali.http")
 prometheus_client.disable_created_metrics()  # process-wide; the *_created series only add noise (as vLLM)

@@ -24,12 +24,12 @@ from typing import IO, Any
 import httpx
 from fastapi import FastAPI
 
-from cobali.config import EngineSetup
 from cobali.frontend.client import EngineClient, EngineState
+from cobali.frontend.interface import EngineSetup
+from cobali.harness.results_file import ResultsFile
 from cobali.http.config import ServerConfig
 from cobali.http.protocol.bodies import unencodable_text
 from cobali.http.serve import build_app
-from cobali.jsonl import ResultsFile
 
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 

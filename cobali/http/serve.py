@@ -14,9 +14,9 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from cobali.config import EngineSetup
 from cobali.frontend.chat_template import JinjaChatTemplate
 from cobali.frontend.client import EngineClient
+from cobali.frontend.interface import EngineSetup
 from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
 

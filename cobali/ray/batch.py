@@ -14,7 +14,7 @@ import ray
 import ray.data
 
 from cobali.batch.jobs import Job, Shard, run_shard
-from cobali.config import EngineSetup
+from cobali.engine.setup import EngineSetup
 
 
 def shard_to_json(shard: Shard) -> str:

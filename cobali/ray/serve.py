@@ -26,12 +26,12 @@ from ray.serve import Application
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.types import Message
 
-from cobali.config import EngineSetup
+from cobali.config.flags import engine_setup
+from cobali.config.serve_flags import add_serve_args, server_config
+from cobali.engine.setup import EngineSetup
 from cobali.frontend.client import EngineState
 from cobali.http.config import ServerConfig
-from cobali.http.flags import add_serve_args, server_config
 from cobali.http.serve import build_app, configure_logging, warn_if_open
-from cobali.options import engine_setup
 from cobali.ray.asgi import HTTPRequest, call_app
 from cobali.ray.gateway import gateway_app
 

@@ -5,7 +5,7 @@ except through the router, which needs every replica's state at an arrival's tim
 arrival every busy replica is stepped until its clock reaches it; the order in which replicas are
 advanced does not matter. The router picks the replica with the fewest queued tokens (prompt and
 output tokens of its unfinished requests not yet computed). Each engine is fed from a backlog through a
-bounded window (cobali.offline.LLM), so an overloaded replica does not slow the simulation down with a long
+bounded window (cobali.frontend.offline.LLM), so an overloaded replica does not slow the simulation down with a long
 wait queue.
 """
 
@@ -15,15 +15,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp.config import PREFILL_TILE
 from cobali.engine.costs import DEFAULT_CHARS_PER_TOKEN, CostProfile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import TickRecord
-from cobali.latency import RequestTiming, request_timing, summarize_timings
-from cobali.offline import LLM, Pending
-from cobali.runner import user_cpu_seconds
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM, Pending
+from cobali.harness.driver import user_cpu_seconds
+from cobali.harness.latency import RequestTiming, request_timing, summarize_timings
 from cobali.sim.backend import SimBackend
 
 

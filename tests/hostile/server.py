@@ -59,7 +59,7 @@ class Server:
         source = os.environ.get("COBALI_HOSTILE_SOURCE")
         env = {**os.environ, "PYTHONPATH": source} if source else None
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "cobali.cli", "serve", "--port", str(self.port),
+        self.proc = subprocess.Popen([sys.executable, "-m", "cobali.faces.cli", "serve", "--port", str(self.port),
                                       "--threads", "1", "--api-key", API_KEY, "--allow-runtime-lora-updating",
                                       "--n-batch", "96",
                                       *self.flags], cwd=source or ROOT, env=env, stdout=self._log,

@@ -7,14 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, SamplingParams
+from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.speculative import SpecConfig
-from cobali.offline import LLM
+from cobali.frontend.offline import LLM
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,", "def fibonacci(n):"]
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import MoveSlot
 from cobali.engine.request import FinishReason
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.speculative import SpecConfig
+from cobali.frontend.offline import LLM
 from cobali.harness.fidelity import Trace, compare_runs, greedy_traces
-from cobali.offline import LLM
-from cobali.workloads import WorkItem
+from cobali.harness.workloads import WorkItem
 
 PROMPTS = [
     "The capital of France is",

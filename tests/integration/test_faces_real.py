@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cobali.cli import main
 from cobali.engine.costs import DEFAULT_PROFILE, CostProfile
+from cobali.faces.cli import main
 
 SMALL = ["--threads", "1", "--max-slots", "2", "--n-batch", "64"]
 

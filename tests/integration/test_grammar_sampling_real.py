@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 from llguidance import LLMatcher
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import FinishReason, Request
 from cobali.engine.sampling import RowSampler
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 from cobali.structured.compiler import GrammarCompiler
 from cobali.structured.grammars import choice_grammar
 from cobali.structured.guide import Guide

@@ -10,7 +10,7 @@ import pytest
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.llama_cpp.kv_size import head_sizes
-from cobali.synth import ModelShape, check_decode, synth_model
+from cobali.faces.synth_model import ModelShape, check_decode, synth_model
 
 # 4 heads of 32 over a hidden size of 64, where n_embd / n_head would say 16.
 SHAPE = ModelShape("llama", 2, 64, 4, 2, 128, 49152, tied_embeddings=True, context_length=1024, head_size=32)

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.sampling_params import SamplingParams
+from cobali.faces.synth_lora import write_random_lora
+from cobali.frontend.offline import LLM
 from cobali.harness.fidelity import TOP_LOGPROBS, Trace, compare_runs
-from cobali.offline import LLM
-from cobali.synth_lora import write_random_lora
 from tests.integration.test_server_openai import running_server
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time in a small village",

@@ -15,7 +15,7 @@ from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.harness.fidelity import Trace, compare_runs, greedy_traces
-from cobali.workloads import WorkItem
+from cobali.harness.workloads import WorkItem
 
 ITEMS = [
     WorkItem(f"Story {i}: write a long and detailed story about a {animal} who travels to {place} to find a lost "

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 
 TAG = "<|im_start|>"
 

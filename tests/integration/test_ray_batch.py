@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cobali.cli import main
+from cobali.faces.cli import main
 
 pytest.importorskip("ray")
 

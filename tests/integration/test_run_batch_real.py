@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cobali.cli import main
-from cobali.synth_lora import write_random_lora
+from cobali.faces.cli import main
+from cobali.faces.synth_lora import write_random_lora
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 LINES = [

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import FinishReason
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 from cobali.frontend.parsers.tools.tagged import Hermes
-from cobali.offline import LLM
 from cobali.structured.grammars import (
     choice_grammar,
     gbnf_grammar,

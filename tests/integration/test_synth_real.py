@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from cobali import cli
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
-from cobali.synth import SHAPES, check_decode, synth_model, write_tokenizer
+from cobali.faces import cli
+from cobali.faces.synth_model import SHAPES, check_decode, synth_model, write_tokenizer
 
 
 @pytest.mark.parametrize(("arch", "quant", "described"),

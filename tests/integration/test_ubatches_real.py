@@ -8,13 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, SamplingParams
+from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.ubatches import SeqRows, count_passes, logits_rows_copied, plan_rows, split_batch
-from cobali.offline import LLM
+from cobali.frontend.offline import LLM
 
 N_BATCH = 128  # = n_ubatch: cobali makes its contexts so (loading.new_context)
 

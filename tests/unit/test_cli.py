@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from cobali import cli, options
+from cobali.config import flags as options
+from cobali.faces import cli
 
 
 @pytest.mark.parametrize(("argv", "fragment"), [
@@ -84,7 +85,7 @@ def test_help_never_asks_the_os_for_its_memory(monkeypatch: pytest.MonkeyPatch,
 def test_the_help_runs_without_what_windows_lacks() -> None:
     """No `resource` module and no os.sysconf, as on Windows: importing cobali and printing the help still work."""
     script = ("import os, sys; sys.modules['resource'] = None; del os.sysconf\n"
-              "from cobali import cli\n"
+              "from cobali.faces import cli\n"
               "for argv in (['--help'], ['serve', '--help'], ['bench', '--help']):\n"
               "    try:\n"
               "        cli.main(argv)\n"
@@ -92,7 +93,7 @@ def test_the_help_runs_without_what_windows_lacks() -> None:
               "        assert done.code == 0, argv\n"
               "print(cli.__name__, 'ok')")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.endswith("cobali.cli ok\n"), done.stderr[-3000:]
+    assert done.returncode == 0 and done.stdout.endswith("cobali.faces.cli ok\n"), done.stderr[-3000:]
 
 
 def test_the_host_cache_default_is_resolved_when_the_engine_is_configured(monkeypatch: pytest.MonkeyPatch) -> None:

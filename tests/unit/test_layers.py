@@ -10,18 +10,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cobali"
 
 # Top down. A module may import its own package and anything in a lower layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("cli",),  # the console script: one subcommand per face
-    ("settings",),  # every flag also from the environment and a config file (pydantic-settings)
+    ("faces",),  # the console script and a module per subcommand: run, bench, serve's flags, simulate, synth-model...
     ("ray",),  # scale-out of the serve and batch faces
-    ("run", "calibrate", "harness", "http", "batch", "sim", "synth", "synth_lora"),  # the faces
-    ("options",),  # flags shared by the faces, and the typed configs built from them
-    # the package's own names (the engine, its configs, the offline API, its outputs); one workload run through
-    # an engine, with metrics
-    ("__init__", "runner"),
-    ("config", "offline"),  # building one engine from its configs; driving it on the caller's thread
-    ("frontend",),  # what the faces hand the engine and get back: inputs, templates, the client, streams
-    # values and files the faces share: timings, work items, cost profiles, resumable JSONL outputs
-    ("latency", "workloads", "jsonl"),
+    ("config",),  # every flag, and the typed configs built from them once at the edge; also from env and files
+    ("http", "batch", "sim"),  # the server, offline batch jobs, the simulator
+    ("harness",),  # workloads, latency figures, results files, and the one driver of a workload through an engine
+    ("__init__",),  # the package's own names: the engine, its configs, the offline API, its outputs
+    ("frontend",),  # what the faces hand the engine and get back: inputs, templates, the client, the offline API
     ("engine",),
     ("structured",),  # constraints on llguidance: grammars, their compiler, the masks sampling applies
     ("backends",),
@@ -30,8 +25,8 @@ RANK = {part: len(LAYERS) - i for i, layer in enumerate(LAYERS) for part in laye
 
 # The HTTP layer sees the engine only through the frontend (cobali/frontend/interface.py re-exports the engine's
 # values it needs): never the engine's modules or a backend. Besides itself and the frontend it may import
-# structured outputs' grammar types and limits, and the top-level modules the faces share.
-HTTP_MAY_IMPORT = frozenset({"http", "frontend", "structured", "config", "options", "settings", "jsonl", "latency"})
+# structured outputs' grammar types and limits, and the harness's timings and results files.
+HTTP_MAY_IMPORT = frozenset({"http", "frontend", "structured", "harness"})
 
 
 def module_name(path: Path) -> str:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from cobali.backends.fake import FakeBackend
-from cobali.cli import main
-from cobali.config import EngineSetup
 from cobali.engine.engine import Engine
+from cobali.engine.setup import EngineSetup
+from cobali.faces.cli import main
 
 
 def test_run_reports_preemptions_and_prefix_cache_hits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -12,10 +12,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from cobali import cli, settings
+from cobali.config import settings
+from cobali.config.serve_flags import server_config
+from cobali.faces import cli
 from cobali.http import serve as serve_module
 from cobali.http.config import ServerConfig
-from cobali.http.flags import server_config
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 
@@ -232,7 +233,7 @@ def test_without_allowed_origins_no_cors_header_is_sent() -> None:
 
 def test_the_flags_reach_the_app_that_serve_builds() -> None:
     """From the command line to the app: keys and origins through server_config and build_app (not run: no engine)."""
-    from cobali.options import engine_setup
+    from cobali.config.flags import engine_setup
 
     args = parse(["serve", "--model", "/nonexistent/m.gguf", "--api-key", "a", "--allowed-origins", ALLOWED])
     client = TestClient(serve_module.build_app(engine_setup(args), server_config(args)))  # no lifespan: no model

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cobali import cli
-from cobali.synth import SHAPES, ModelShape, tensor_shapes
+from cobali.faces import cli
+from cobali.faces.synth_model import SHAPES, ModelShape, tensor_shapes
 
 
 @pytest.mark.parametrize(("name", "params"), [

@@ -14,7 +14,7 @@ import numpy as np
 from llguidance import LLTokenizer
 from llguidance.llamacpp import lltokenizer_from_vocab
 
-from cobali.backends.base import BackendInfo, BatchArrays, EmbeddingLimits, SamplingParams, TemplateSource
+from cobali.backends.base import BackendInfo, BatchArrays, EmbeddingLimits, SamplerChain, TemplateSource
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
 from cobali.backends.llama_cpp.config import PREFILL_TILE, LlamaCppConfig
@@ -271,8 +271,8 @@ class LlamaCppBackend:
 
     # ---- sampling ---------------------------------------------------------------------------------
 
-    def new_sampler(self, params: SamplingParams) -> LlamaCppSampler:
-        return LlamaCppSampler(self.ctx, self.vocab, params)
+    def new_sampler(self, spec: SamplerChain) -> LlamaCppSampler:
+        return LlamaCppSampler(self.ctx, self.vocab, spec)
 
     def guidance_tokenizer(self) -> LLTokenizer:
         """Every end-of-generation token ends a constrained output, as it ends any other."""

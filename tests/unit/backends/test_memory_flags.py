@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from cobali.backends.fake import FakeBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.memory import FIT_MARGIN_BYTES, fit_cells
+from cobali.config.flags import add_engine_args, backend_config
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.options import add_engine_args, backend_config
 from tests.unit.http.test_server_api import fake_app, wait_healthy
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.batch.jobs import Job, Shard, pending_shards, read_jobs, run_shard
-from cobali.cli import main
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.jsonl import ResultsFile
-from cobali.offline import LLM, Pending
+from cobali.engine.sampling_params import SamplingParams
+from cobali.faces.cli import main
+from cobali.frontend.offline import LLM, Pending
+from cobali.harness.results_file import ResultsFile
 
 PROMPTS = [f"prompt {i}: " + "abcdefghij"[: 1 + i % 10] * (1 + i % 4) for i in range(12)]
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.engine.budget import AdaptiveBudget
 from cobali.engine.costs import CostProfile, Measurement, OnlineCostFit, TickTerms
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 from cobali.sim.backend import SimBackend
 from tests.unit.engine.test_deadline_budget import decoding
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.engine.costs import CostProfile, OnlineCostFit, TickTerms
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 from cobali.sim.backend import SimBackend
 
 TRUTH = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,

@@ -7,17 +7,17 @@ import argparse
 import numpy as np
 import pytest
 
-from cobali.backends.base import SamplingParams
+from cobali.config.flags import add_engine_args, engine_config
 from cobali.engine.budget import AdaptiveBudget, DeadlineBudget, FixedBudget, tick_budget
 from cobali.engine.costs import CostProfile, OnlineCostFit, TickTerms
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import Request, RequestState
-from cobali.offline import LLM
-from cobali.options import add_engine_args, engine_config
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
+from cobali.harness.workloads import arrival_offsets
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimSpec, simulate
-from cobali.workloads import arrival_offsets
 
 # 10 ms per tick, 2 ms per prefill token, 5 ms per decode row, 1 us per decode KV token.
 PROFILE = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS, SamplingParams
+from cobali.backends.base import WANT_ARGMAX, WANT_LOGITS
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 KINDS = {
@@ -163,8 +164,8 @@ def test_a_refused_chain_leaves_every_row_on_the_host(llama) -> None:
 
 @pytest.mark.parametrize(("flags", "expected"), [([], False), (["--backend-sampling"], True)])
 def test_the_flag_reaches_the_llama_cpp_config(flags: list[str], expected: bool) -> None:
-    from cobali.cli import build_parser
-    from cobali.options import backend_config
+    from cobali.config.flags import backend_config
+    from cobali.faces.cli import build_parser
 
     args = build_parser().parse_args(["serve", *flags])
     assert backend_config(args).backend_sampling is expected

@@ -7,13 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.outputs import RequestOutput
 from cobali.engine.request import FinishReason, Request, RequestState
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 
 
 def run_to_end(engine: Engine) -> list[RequestOutput]:

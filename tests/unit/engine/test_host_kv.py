@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv_tier import HostPrefixes, common_prefix
 from cobali.engine.plan import ForgetSaved, LoadSlot, SaveSlot
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 
 ONE = SamplingParams(max_tokens=1)
 MIB_TOKENS = 64  # the fake's KV is sized so that one MiB of host memory holds this many tokens

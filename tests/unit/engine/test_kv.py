@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import ClearSlot, LoadSlot
 from cobali.engine.queue import ShortestPromptFirst, WaitQueue
 from cobali.engine.request import FinishReason, Request, RequestState
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 
 
 def make_engine(slots: int = 4, unified_cells: int | None = None, n_batch: int = 128, chunk: int = 64,

@@ -12,18 +12,18 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
-from cobali.cli import main
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import MAX_ADAPTER_INDEX, FinishReason
+from cobali.engine.sampling_params import SamplingParams
+from cobali.faces.cli import main
 from cobali.frontend.client import EngineClient, EngineState
 from cobali.frontend.errors import APIError
 from cobali.frontend.generation import EngineUnavailable
+from cobali.frontend.offline import LLM
 from cobali.http.config import ServerConfig
 from cobali.http.state import LoraNames, ServerContext
-from cobali.offline import LLM
 from tests.unit.http.test_server_api import fake_app, wait_healthy
 
 PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)

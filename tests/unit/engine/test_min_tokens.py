@@ -11,13 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.outputs import RequestOutput
 from cobali.engine.request import FinishReason
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 from tests.unit.engine.test_engine import run_to_end
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 

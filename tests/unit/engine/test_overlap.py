@@ -10,15 +10,15 @@ import threading
 
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.overlap import SWITCH_INTERVAL_S
 from cobali.engine.plan import ChunkKind
 from cobali.engine.request import FinishReason, Request, RequestState
+from cobali.engine.sampling_params import SamplingParams
 from cobali.frontend.client import EngineClient, EngineState
-from cobali.offline import LLM
+from cobali.frontend.offline import LLM
 
 
 def make_engine(overlap: bool, slots: int = 4, chunk: int = 512, **backend_kw) -> Engine:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 
 CONTROL = 96  # past the fake's printable characters
 TAG = "[TOOL_CALLS]"

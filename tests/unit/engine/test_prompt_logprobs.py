@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 from tests.unit.http.test_openai_conformance import fake_logprob
 
 PROMPTS = [list(range(1, 41)), list(range(5, 33))]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import ChunkKind
 from cobali.engine.request import RequestState
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 
 
 def make_engine(mode: str = "cont", slots: int = 4, chunk: int = 256, n_batch: int = 512) -> Engine:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from cobali.backends.base import BackendInfo, SamplingParams
+from cobali.backends.base import BackendInfo
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv import SlotPool
 from cobali.engine.plan import ClearSlot, CopyPrefix, Plan, TrimSlot
 from cobali.engine.request import Request
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.scheduler import Scheduler
 
 

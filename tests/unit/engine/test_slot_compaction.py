@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from cobali.backends.base import BackendInfo, SamplingParams
+from cobali.backends.base import BackendInfo
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.kv import SlotPool
 from cobali.engine.plan import ClearSlot, MoveSlot
 from cobali.engine.request import Request
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.scheduler import Scheduler
-from cobali.offline import LLM
+from cobali.frontend.offline import LLM
 
 
 def make_scheduler(slots: int = 4, unified: bool = False) -> Scheduler:

@@ -10,15 +10,15 @@ from dataclasses import replace
 import pytest
 from fastapi.testclient import TestClient
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
-from cobali.cli import main
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.outputs import RequestOutput
 from cobali.engine.request import FinishReason, Request
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.speculative import NgramDrafter, SpecConfig
-from cobali.offline import LLM
+from cobali.faces.cli import main
+from cobali.frontend.offline import LLM
 from tests.unit.http.test_server_api import fake_app, wait_healthy
 
 PROMPTS = ["abcabcabcabc", "hello hello hello", "xyzxyz", "the cat the cat the", "qwerty", "aaaaaaaa"]

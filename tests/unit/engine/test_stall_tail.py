@@ -7,8 +7,8 @@ import numpy as np
 from cobali.engine.budget import AdaptiveBudget, StallTail
 from cobali.engine.costs import OnlineCostFit, TickTerms
 from cobali.engine.engine_config import EngineConfig
+from cobali.harness.workloads import arrival_offsets
 from cobali.sim.cluster import SimItem, SimSpec, simulate
-from cobali.workloads import arrival_offsets
 from tests.unit.engine.test_deadline_budget import PROFILE  # 10 ms a tick, 2 ms a prefill token, 5 ms a decode row
 
 

@@ -7,14 +7,14 @@ import random
 
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import ChunkKind, Plan
 from cobali.engine.request import Request
+from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.ubatches import count_passes, plan_rows
-from cobali.offline import LLM
+from cobali.frontend.offline import LLM
 
 SLOTS, N_BATCH, TILE = 16, 512, 65  # Table 2's cont: 16 slots, 512-token batches; llama.cpp's prefill tile
 

@@ -7,13 +7,13 @@ import copy
 
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.outputs import RequestOutput
 from cobali.engine.request import PENDING_TOKEN, Request
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 
 PROMPTS = [[1 + (i * 7 + s) % 90 for i in range(n)] for s, n in enumerate((5, 40, 12, 70))]
 PARAMS = SamplingParams(max_tokens=9, ignore_eos=True, logprobs=2)

@@ -14,17 +14,18 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from cobali import cli
 from cobali.backends.fake import FakeBackend
 from cobali.engine.costs import CostProfile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.harness import cli as bench_cli
+from cobali.faces import bench as bench_cli
+from cobali.faces import cli
 from cobali.harness import plots
-from cobali.harness.offline import LoadOptions, parse_configs, run_open_loop, sweep_configs
+from cobali.harness.configs import parse_configs, sweep_configs
+from cobali.harness.driver import LoadOptions, run_workload
 from cobali.harness.report import gaps_ms
+from cobali.harness.workloads import WorkItem, arrival_offsets, inter_arrivals, random_items, resolve_prompts
 from cobali.sim.backend import SimBackend
-from cobali.workloads import WorkItem, arrival_offsets, inter_arrivals, random_items, resolve_prompts
 
 PROMPTS = ["hello world", "the quick brown fox jumps over", "short", "a longer prompt with more characters",
            "abc", "zyxwvu"]
@@ -33,7 +34,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run_cli(argv: list[str], built: list | None = None) -> str:
-    """cobali.cli.main with the fake backend in place of llama.cpp; returns stdout."""
+    """cobali.faces.cli.main with the fake backend in place of llama.cpp; returns stdout."""
     def fake_backend(config):
         backend = FakeBackend(n_seq_max=config.n_seq_max, n_batch=config.n_batch)
         if built is not None:
@@ -168,15 +169,15 @@ def test_open_loop_submits_at_arrival_times_and_excludes_idle_from_gaps() -> Non
     engine = Engine(backend, EngineConfig(max_slots=2, n_batch=16, prefill_chunk_tokens=4), clock=backend.clock)
     offsets = (0.0, 0.08, 0.16)
     load = LoadOptions(max_new=3, ignore_eos=True, request_rate=12.5, arrival_offsets=offsets)
-    run, idle_after = run_open_loop(engine, [WorkItem("abcdef", 3)] * 3, load, sleep=backend.clock.advance)
+    run = run_workload(engine, [WorkItem("abcdef", 3)] * 3, load, progress=None, sleep=backend.clock.advance)
     stats = [o.stats for o in run.outputs]
     starts = [s.arrival_time - stats[0].arrival_time for s in stats]
     assert starts == pytest.approx(offsets, abs=1e-9)
     assert all(s.first_scheduled_time >= s.arrival_time and s.n_output_tokens == 3 for s in stats)
     assert run.wall_s >= 0.16
-    assert idle_after, "the engine must have idled between the spaced arrivals"
+    assert run.idle_after, "the engine must have idled between the spaced arrivals"
     # The 80 ms waits are not host overhead: with them excluded, no gap is left.
-    assert max(gaps_ms(run.ticks, idle_after)) == 0
+    assert max(gaps_ms(run.ticks, run.idle_after)) == 0
     assert max(gaps_ms(run.ticks)) >= 40
 
 
@@ -284,6 +285,6 @@ def test_without_matplotlib_bench_names_the_plot_extra_and_still_writes_the_data
 
 
 def test_the_command_line_loads_no_plotting_library() -> None:
-    done = subprocess.run([sys.executable, "-c", "import sys, cobali.cli; print('matplotlib' in sys.modules)"],
+    done = subprocess.run([sys.executable, "-c", "import sys, cobali.faces.cli; print('matplotlib' in sys.modules)"],
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr

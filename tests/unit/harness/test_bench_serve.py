@@ -13,10 +13,10 @@ from unittest import mock
 import httpx
 import pytest
 
-from cobali import cli
-from cobali.harness import cli as bench_cli
+from cobali.faces import bench as bench_cli
+from cobali.faces import cli
 from cobali.harness.serve_client import ClientRecord, ServeOptions, apply_chunk, endpoints, run_serve, sse_data
-from cobali.workloads import WorkItem
+from cobali.harness.workloads import WorkItem
 
 
 class FakeServer:

@@ -15,8 +15,8 @@ from unittest import mock
 import httpx
 import pytest
 
-from cobali import cli
-from cobali.harness import sweep_cli
+from cobali.faces import bench_sweep as sweep_cli
+from cobali.faces import cli
 from cobali.harness.serve_client import ClientRecord, ServeResult, run_serve
 from cobali.harness.sweep import (
     CapacitySearch,

@@ -10,7 +10,7 @@ from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.harness.fidelity import Trace, compare, compare_runs, greedy_traces
-from cobali.workloads import WorkItem
+from cobali.harness.workloads import WorkItem
 
 ITEMS = [WorkItem([1 + (s * 7 + i * 3) % 90 for i in range(10 + 9 * s)], 12) for s in range(6)]
 # The fake's logits fall by 0.5 a token away from its target, so its top-1 minus top-2 margin is 0.5 at

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from cobali import cli, settings
+from cobali.config import settings
+from cobali.config.serve_flags import server_config
+from cobali.faces import cli
 from cobali.http.config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 from cobali.http.connections import ConnectionCaps
-from cobali.http.flags import server_config
 from tests.unit.http.test_auth_middleware import live
 from tests.unit.http.test_server_api import fake_app, fake_engine
 from tests.unit.http.test_server_live import wait_for

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import SALT_KEYS, Request
+from cobali.engine.sampling_params import SamplingParams
 from cobali.frontend.client import ENGINE_FAILED
+from cobali.frontend.offline import LLM
 from cobali.http.protocol.bodies import unencodable_text
 from cobali.http.run_batch import BatchLine, read_batch
-from cobali.offline import LLM
 from tests.unit.engine.test_host_kv import make_engine, prompt
 from tests.unit.http.test_run_batch import run as run_lines
 from tests.unit.http.test_run_batch import write as write_lines

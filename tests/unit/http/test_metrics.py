@@ -8,8 +8,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from cobali.engine.outputs import RequestOutput, RequestStats
 from cobali.engine.request import FinishReason
-from cobali.http.prometheus import BulkHistogram
-from cobali.latency import (
+from cobali.harness.latency import (
     distribution,
     percentile_stats,
     request_timing,
@@ -17,6 +16,7 @@ from cobali.latency import (
     summarize_timings,
     timing_from_times,
 )
+from cobali.http.prometheus import BulkHistogram
 
 
 def finished_request(prompt_len: int, token_times: list[float], arrival: float = 10.0,

@@ -12,8 +12,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from cobali import cli
-from cobali.http.flags import add_serve_args
+from cobali.config.serve_flags import add_serve_args
+from cobali.faces import cli
 from tests.unit.http.test_chat_tools import CALL, END_OF_PROMPT, TEMPLATE, WEATHER, ask, scripted_client
 
 # The reply thinks first; with enable_thinking false the template writes an empty think block itself (Qwen3's way).

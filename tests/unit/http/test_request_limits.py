@@ -18,11 +18,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from cobali.backends.fake import FakeBackend
+from cobali.config.serve_flags import add_run_batch_args, add_serve_args, run_batch_config, server_config
 from cobali.engine.detok import TextStream
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.request_limits import PreprocessLimits, RequestLimits
-from cobali.http.flags import add_run_batch_args, add_serve_args, run_batch_config, server_config
 from cobali.structured.limits import GrammarLimits
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 

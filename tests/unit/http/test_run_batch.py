@@ -13,13 +13,13 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from cobali.backends.fake import FakeBackend
-from cobali.cli import build_parser, main
+from cobali.config.flags import engine_setup
+from cobali.config.serve_flags import run_batch_config
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.faces.cli import build_parser, main
 from cobali.http import run_batch as run_batch_module
-from cobali.http.flags import run_batch_config
 from cobali.http.run_batch import BatchLine, read_batch, run_batch, run_batch_file
-from cobali.options import engine_setup
 from tests.unit.http.test_server_api import fake_app
 
 LINES = [

@@ -12,14 +12,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.sampling_params import SamplingParams
 from cobali.frontend.client import EngineClient
+from cobali.frontend.offline import LLM
 from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
-from cobali.offline import LLM
 
 N_CTX_SEQ = 256
 

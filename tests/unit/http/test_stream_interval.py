@@ -12,11 +12,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
+from cobali.config.flags import engine_setup
+from cobali.config.serve_flags import add_serve_args, server_config
 from cobali.http.config import ServerConfig
-from cobali.http.flags import add_serve_args, server_config
 from cobali.http.render.replies import CHAT, COMPLETION
 from cobali.http.serve import build_app
-from cobali.options import engine_setup
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 INTERVAL = 3

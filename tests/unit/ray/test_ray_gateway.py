@@ -16,10 +16,10 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import Message, Receive, Scope, Send
 
-from cobali import cli
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.faces import cli
 from cobali.frontend.client import EngineState
 from cobali.http.config import ServerConfig
 from cobali.http.prometheus import ServerMetrics, merge_expositions

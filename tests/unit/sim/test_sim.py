@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import FakeBackend
-from cobali.calibrate import chars_per_token
-from cobali.cli import main
 from cobali.engine.costs import CostProfile, TickTerms, load_profile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.faces.calibrate import chars_per_token
+from cobali.faces.cli import main
+from cobali.frontend.offline import LLM
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimSpec, simulate
 from cobali.sim.plan import plan_replicas

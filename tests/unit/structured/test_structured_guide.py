@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from llguidance import LLMatcher
 
-from cobali.backends.base import SamplingParams
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.request import FinishReason, Request
 from cobali.engine.sampling import token_logprob
-from cobali.offline import LLM
+from cobali.engine.sampling_params import SamplingParams
+from cobali.frontend.offline import LLM
 from cobali.structured.grammars import choice_grammar, json_schema_grammar, regex_grammar
 from tests.structured_oracle import fake_oracle
 

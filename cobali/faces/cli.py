@@ -7,12 +7,11 @@ import functools
 import logging
 import sys
 
-from cobali import __version__, calibrate, run, settings, synth, synth_lora
-from cobali.batch import cli as batch_cli
-from cobali.harness import cli as bench_cli
-from cobali.http.flags import add_run_batch_args, add_serve_args, run_batch_config, server_config
-from cobali.options import engine_setup
-from cobali.sim import cli as sim_cli
+from cobali import __version__
+from cobali.config import settings
+from cobali.config.flags import engine_setup
+from cobali.config.serve_flags import add_run_batch_args, add_serve_args, run_batch_config, server_config
+from cobali.faces import batch, bench, calibrate, run, simulate, synth_lora, synth_model
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,19 +19,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cobali {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     run.register(subparsers)
-    bench_cli.register(subparsers)
+    bench.register(subparsers)
     serve = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     add_serve_args(serve)
     serve.set_defaults(func=serve_command)
     calibrate.register(subparsers)
-    sim_cli.register(subparsers)
-    batch_cli.register(subparsers).set_defaults(func=batch_command)
+    simulate.register(subparsers)
+    batch.register(subparsers).set_defaults(func=batch_command)
     run_batch = subparsers.add_parser("run-batch", help="a file in OpenAI's Batch API format, run offline (as vllm "
                                       "run-batch)", description="Each line's body goes through the server's routes "
                                       "in this process; results are appended as they finish, and a rerun resumes.")
     add_run_batch_args(run_batch)
     run_batch.set_defaults(func=run_batch_command)
-    synth.register(subparsers)
+    synth_model.register(subparsers)
     synth_lora.register(subparsers)
     settings.add_config_flags(parser)
     return parser
@@ -41,10 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 def batch_command(args: argparse.Namespace) -> int:
     """One engine in this process, or --replicas engines on Ray workers."""
     if not args.ray:
-        return batch_cli.batch_command(args)
+        return batch.batch_command(args)
     from cobali.ray.batch import run_shards_on_ray  # Ray is an optional extra: imported only here
 
-    return batch_cli.batch_command(args, run_shards=functools.partial(run_shards_on_ray, args.replicas))
+    return batch.batch_command(args, run_shards=functools.partial(run_shards_on_ray, args.replicas))
 
 
 def run_batch_command(args: argparse.Namespace) -> int:

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import IO
 
 from cobali.batch.jobs import Shard, pending_shards, read_jobs, run_shard
-from cobali.config import EngineSetup
-from cobali.jsonl import ResultsFile
-from cobali.options import add_engine_args, engine_setup, positive_int
+from cobali.config.flags import add_engine_args, engine_setup, positive_int
+from cobali.engine.setup import EngineSetup
+from cobali.harness.results_file import ResultsFile
 
-# (spec, max_new, shards, output, on_done) -> results written; Ray's runner comes from cobali.cli.
+# (spec, max_new, shards, output, on_done) -> results written; Ray's runner comes from cobali.faces.cli.
 ShardsRunner = Callable[[EngineSetup, int, Sequence[Shard], IO[str], Callable[[], None] | None], int]
 
 

@@ -9,20 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cobali.config import build_backend
-from cobali.harness import fidelity_cli, plots, sweep_cli
-from cobali.harness.offline import BenchConfig, LoadOptions, parse_configs, run_configs, sweep_configs
-from cobali.harness.report import (
-    add_speedups,
-    format_gaps,
-    format_table,
-    run_summary,
-    write_offline_files,
-)
-from cobali.harness.serve_client import endpoints, run_serve
-from cobali.harness.trace import write_trace
-from cobali.latency import latency_samples, write_json
-from cobali.options import (
+from cobali.config.flags import (
     add_engine_args,
     add_load_args,
     add_random_args,
@@ -32,7 +19,22 @@ from cobali.options import (
     flags_record,
     positive_int,
 )
-from cobali.workloads import arrival_offsets, load_items, random_items
+from cobali.engine.setup import build_backend
+from cobali.faces import bench_fidelity, bench_sweep
+from cobali.harness import plots
+from cobali.harness.configs import BenchConfig, parse_configs, run_configs, sweep_configs
+from cobali.harness.driver import LoadOptions
+from cobali.harness.latency import latency_samples, write_json
+from cobali.harness.report import (
+    add_speedups,
+    format_gaps,
+    format_table,
+    run_summary,
+    write_offline_files,
+)
+from cobali.harness.serve_client import endpoints, run_serve
+from cobali.harness.trace import write_trace
+from cobali.harness.workloads import arrival_offsets, load_items, random_items
 
 DEFAULT_CONFIGS = "seq,static,cont"
 
@@ -61,9 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--model", dest="served_model", default=None,
                        help="model name to send (default: the first one the server lists)")
     serve.add_argument("--api-key", default=None, help="sent as a Bearer token")
-    sweep_cli.add_sweep_args(serve)
+    bench_sweep.add_sweep_args(serve)
     serve.set_defaults(func=serve_command)
-    fidelity_cli.register(nested)
+    bench_fidelity.register(nested)
 
 
 def bench_configs(args: argparse.Namespace) -> list[BenchConfig]:
@@ -132,11 +134,11 @@ def serve_command(args: argparse.Namespace) -> int:
     servers = server_urls(args.url)
     draw = bool(args.out) and plots.can_plot("cobali bench serve")
     if args.rate_sweep is not None:
-        return sweep_cli.sweep_command(args, items, servers, draw)
+        return bench_sweep.sweep_command(args, items, servers, draw)
     concurrency = args.concurrency or 1
     summaries, samples, records, errors = [], {}, {}, []
     for name, url in servers:
-        options = sweep_cli.serve_options(args, url, concurrency, args.request_rate, args.seed)
+        options = bench_sweep.serve_options(args, url, concurrency, args.request_rate, args.seed)
         print(f"cobali bench serve: {len(items)} prompts against {url}, concurrency {concurrency}")
         result = asyncio.run(run_serve(items, options))
         summaries.append({"config": name, **result.summary()})

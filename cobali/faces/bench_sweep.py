@@ -10,7 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from cobali.config.flags import flags_record
 from cobali.harness import plots
+from cobali.harness.latency import write_json
 from cobali.harness.serve_client import ServeOptions, run_serve
 from cobali.harness.sweep import (
     CAPACITY_METRICS,
@@ -22,9 +24,7 @@ from cobali.harness.sweep import (
     parse_rates,
     sweep_row,
 )
-from cobali.latency import write_json
-from cobali.options import flags_record
-from cobali.workloads import WorkItem
+from cobali.harness.workloads import WorkItem
 
 DEFAULT_SLO = "ttft_p99:5000,tpot_p99:150"
 # (summary key, plot and column label)

@@ -1,26 +1,19 @@
-"""Engine configurations to compare, sweep grids, and running a workload through each (closed or open
-loop)."""
+"""Engine configurations to compare, sweep grids, and the workload run through each (harness/driver.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import re
-import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-from tqdm import tqdm
-
-from cobali.backends.base import Backend, SamplingParams
+from cobali.backends.base import Backend
 from cobali.engine.costs import CostProfile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
-from cobali.engine.outputs import RequestOutput
-from cobali.offline import LLM
-from cobali.runner import RunResult, run_workload, user_cpu_seconds
-from cobali.workloads import WorkItem
+from cobali.harness.driver import LoadOptions, RunResult, run_workload
+from cobali.harness.workloads import WorkItem
 
 _SPLIT = re.compile(r"cont-split(\d+)")
 # --sweep knob -> (BenchConfig field, short label for config names)
@@ -97,19 +90,10 @@ def sweep_configs(sweeps: Sequence[str], max_slots: int, prefill_chunk_tokens: i
     return configs
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    max_new: int = 64
-    ignore_eos: bool = False
-    request_rate: float = float("inf")  # inf: every request arrives at the start (offline)
-    arrival_offsets: tuple[float, ...] = ()  # per request, seconds after the start; used when rate is finite
-
-
 @dataclass
 class BenchRun:
     config: BenchConfig
     result: RunResult
-    idle_after: frozenset[int] = frozenset()  # ticks after which the engine slept waiting for an arrival
 
 
 def run_configs(backend: Backend, configs: Sequence[BenchConfig], items: Sequence[WorkItem], base: EngineConfig,
@@ -117,47 +101,5 @@ def run_configs(backend: Backend, configs: Sequence[BenchConfig], items: Sequenc
     """Each config on the same backend, one after the other. Engines are all built first so a bad config
     fails before any run; each one's SlotPool clears a slot's KV when it hands the slot out."""
     engines = [Engine(backend, c.engine_config(base), costs=costs) for c in configs]
-    runs = []
-    for config, engine in zip(configs, engines, strict=True):
-        if np.isinf(load.request_rate):
-            result = run_workload(engine, items, load.max_new, load.ignore_eos, progress=config.name)
-            runs.append(BenchRun(config, result))
-        else:
-            result, idle = run_open_loop(engine, items, load, progress=config.name)
-            runs.append(BenchRun(config, result, idle))
-    return runs
-
-
-def run_open_loop(engine: Engine, items: Sequence[WorkItem], load: LoadOptions, progress: str | None = None,
-                  sleep: Callable[[float], None] = time.sleep) -> tuple[RunResult, frozenset[int]]:
-    """Submit each request when its arrival time passes, stepping the engine in between, so TTFT includes
-    the time a request queues behind the ones already running. Time is the engine's clock; `sleep` waits
-    on it (a simulated clock passes its own)."""
-    clock = engine.clock
-    cpu0, wall0 = user_cpu_seconds(), clock()
-    arrivals = [wall0 + t for t in load.arrival_offsets]
-    llm = LLM(engine)
-    keys: list[Hashable] = []
-    finished: dict[Hashable, RequestOutput] = {}
-    idle_after: set[int] = set()
-    bar = tqdm(total=len(items), desc=progress, unit="req", leave=False, disable=progress is None)
-    try:
-        while len(keys) < len(items) or llm.has_work:
-            now = clock()
-            while len(keys) < len(items) and arrivals[len(keys)] <= now:
-                item = items[len(keys)]
-                params = SamplingParams(max_tokens=item.max_tokens or load.max_new, ignore_eos=load.ignore_eos)
-                keys.append(llm.submit(item.prompt, params, arrival_time=arrivals[len(keys)]))
-            if llm.has_work:
-                done = llm.step()
-                finished.update(done)
-                bar.update(len(done))
-            elif len(keys) < len(items):
-                # Nothing to run: the host gap until the next tick is waiting, not overhead.
-                idle_after.add(len(engine.ticks) - 1)
-                sleep(max(0.0, arrivals[len(keys)] - clock()))
-    finally:
-        bar.close()
-    wall = clock() - wall0
-    outputs = [finished[key] for key in keys]
-    return RunResult(outputs, wall, user_cpu_seconds() - cpu0, list(engine.ticks)), frozenset(idle_after)
+    return [BenchRun(config, run_workload(engine, items, load, progress=config.name))
+            for config, engine in zip(configs, engines, strict=True)]

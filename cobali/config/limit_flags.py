@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+from cobali.config.flags import positive_float, positive_int
 from cobali.frontend.request_limits import GRAMMAR_FLAGS, LIMIT_FLAGS, PreprocessLimits, RequestLimits
-from cobali.options import positive_float, positive_int
 from cobali.structured.limits import GrammarLimits
 
 _HELP = {

@@ -8,13 +8,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from cobali.backends.base import Backend
-from cobali.config import build_backend
-from cobali.engine.engine import Engine
-from cobali.engine.engine_config import EngineConfig
-from cobali.engine.policies import MODES
-from cobali.harness.fidelity import EPSILON, Trace, compare_runs, greedy_traces
-from cobali.latency import write_json
-from cobali.options import (
+from cobali.config.flags import (
     add_engine_args,
     backend_config,
     engine_setup,
@@ -22,7 +16,13 @@ from cobali.options import (
     positive_float,
     positive_int,
 )
-from cobali.workloads import WorkItem, load_items
+from cobali.engine.engine import Engine
+from cobali.engine.engine_config import EngineConfig
+from cobali.engine.policies import MODES
+from cobali.engine.setup import build_backend
+from cobali.harness.fidelity import EPSILON, Trace, compare_runs, greedy_traces
+from cobali.harness.latency import write_json
+from cobali.harness.workloads import WorkItem, load_items
 
 # The reference decodes a whole prompt at once: one sequence, a batch as large as its context.
 REFERENCE_BATCH = 2048

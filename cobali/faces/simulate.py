@@ -17,10 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cobali.engine.costs import load_profile, resolve_profile
-from cobali.engine.policies import MODES
-from cobali.latency import format_summary, write_json
-from cobali.options import (
+from cobali.config.flags import (
     add_engine_args,
     add_load_args,
     add_random_args,
@@ -31,10 +28,13 @@ from cobali.options import (
     positive_float,
     positive_int,
 )
+from cobali.engine.costs import load_profile, resolve_profile
+from cobali.engine.policies import MODES
+from cobali.harness.latency import format_summary, write_json
+from cobali.harness.workloads import arrival_offsets, random_items
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimResult, SimSpec, simulate
 from cobali.sim.plan import Trial, plan_replicas
-from cobali.workloads import arrival_offsets, random_items
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -7,11 +7,11 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from cobali.config.flags import add_engine_args, engine_setup, positive_int
 from cobali.engine.policies import MODES
-from cobali.latency import format_summary, request_record
-from cobali.options import add_engine_args, engine_setup, positive_int
-from cobali.runner import run_workload
-from cobali.workloads import load_workload
+from cobali.harness.driver import LoadOptions, run_workload
+from cobali.harness.latency import format_summary, request_record
+from cobali.harness.workloads import load_workload
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +30,7 @@ def run_command(args: argparse.Namespace) -> int:
     items = load_workload(args.prompts)
     engine = engine_setup(args, mode=args.mode).build_engine()
     print(f"cobali run: {len(items)} prompts, mode {args.mode}, {engine.backend.info.description}")
-    result = run_workload(engine, items, args.max_new, args.ignore_eos, trace_steps=args.trace_steps)
+    result = run_workload(engine, items, LoadOptions(args.max_new, args.ignore_eos), trace_steps=args.trace_steps)
     summary = result.summary()
     print(format_summary(summary))
     if (stats := engine.stats()).draft_tokens:

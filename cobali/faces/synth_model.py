@@ -21,7 +21,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from cobali.options import positive_int
+from cobali.config.flags import positive_int
 
 F16 = "F16"
 # llama.cpp file types that need no importance matrix (llama_ftype in llama.h, without LLAMA_FTYPE_MOSTLY_).

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from cobali.backends.base import Backend
-from cobali.config import build_backend
+from cobali.config.flags import add_backend_args, backend_config, positive_int
 from cobali.engine.costs import CostProfile, Measurement, TickTerms, user_profiles_dir
-from cobali.options import add_backend_args, backend_config, positive_int
-from cobali.workloads import load_items
+from cobali.engine.setup import build_backend
+from cobali.harness.workloads import load_items
 
 PREFILL_SIZES = (32, 64, 128, 256, 512)
 DECODE_SEQS = (1, 2, 4, 8, 16)

@@ -10,12 +10,12 @@ from typing import TypeVar
 
 from cobali.backends.hf_model import HF_EXTRA, resolve_hf_model
 from cobali.backends.llama_cpp.config import FLASH_ATTN_MODES, KV_CACHE_TYPES, LlamaCppConfig
-from cobali.config import EngineSetup
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.policies import BATCH_POLICIES, KV_POLICIES
 from cobali.engine.queue import QUEUE_ORDERS
+from cobali.engine.setup import EngineSetup
 from cobali.engine.speculative import SpecConfig
-from cobali.workloads import WorkItem, load_items
+from cobali.harness.workloads import WorkItem, load_items
 
 Number = TypeVar("Number", int, float)
 

@@ -10,7 +10,7 @@ import argparse
 import gguf
 import numpy as np
 
-from cobali.options import positive_int
+from cobali.config.flags import positive_int
 
 DEFAULT_TARGETS = ("attn_q", "attn_v")
 

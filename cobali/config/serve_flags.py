@@ -7,6 +7,8 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 
+from cobali.config.flags import add_engine_args, non_negative_float, non_negative_int, positive_float, positive_int
+from cobali.config.limit_flags import add_limit_args, grammar_limits, preprocess_limits, request_limits
 from cobali.frontend.parsers.reasoning import REASONING_PARSERS
 from cobali.frontend.parsers.reply import AUTO
 from cobali.frontend.parsers.tools import TOOL_PARSERS
@@ -18,8 +20,6 @@ from cobali.http.config import (
     DEFAULT_SEND_TIMEOUT_S,
     ServerConfig,
 )
-from cobali.http.limit_flags import add_limit_args, grammar_limits, preprocess_limits, request_limits
-from cobali.options import add_engine_args, non_negative_float, non_negative_int, positive_float, positive_int
 
 
 def _port(text: str) -> int:

@@ -8,9 +8,9 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 
-from cobali.backends.base import SamplingParams
 from cobali.engine.engine import Engine
 from cobali.engine.outputs import RequestOutput, refused
+from cobali.engine.sampling_params import SamplingParams
 
 # A long stream's feed window: enough waiting requests to keep admission busy (a tick admits at most
 # max_slots), plus room for the wait queue's head-of-line bypass (WaitQueue.max_bypass). The engine's queue
