@@ -123,7 +123,7 @@ def main() -> None:
     finally:
         for hog in hogs:
             hog.terminate()
-    print(f"{len(engine.ticks)} ticks on {engine.backend.info.description}, ITL target {args.itl_target_ms:g} ms")
+    print(f"{len(engine.ticks)} ticks on {engine.backend_info.description}, ITL target {args.itl_target_ms:g} ms")
     rows = replay(engine.ticks)
     report(rows, args.hog_at_tick)
     if args.out:

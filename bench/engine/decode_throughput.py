@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from cobali.backends.base import Backend
 from cobali.config.flags import add_backend_args, backend_config, positive_int
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
@@ -35,7 +36,7 @@ def engine_decode(args: argparse.Namespace, backend_sampling: bool | None = None
     backend = build_backend(config)
     # llama.cpp caps n_batch at the context, which is small for short runs: take what the context got.
     engine = Engine(backend, EngineConfig(mode="static", max_slots=args.max_slots, n_batch=backend.info.n_batch))
-    argmax_s = timed_per_tick(engine, "argmax")
+    argmax_s = timed_per_tick(engine, backend, "argmax")
     prompts = [[1000 + (i * 31 + j) % 20000 for j in range(args.prompt_tokens)] for i in range(args.max_slots)]
     LLM(engine).generate(prompts, SamplingParams(max_tokens=args.gen_tokens + 1, ignore_eos=True))
     backend.close()
@@ -55,9 +56,8 @@ def engine_decode(args: argparse.Namespace, backend_sampling: bool | None = None
     }
 
 
-def timed_per_tick(engine: Engine, method: str) -> dict[int, float]:
+def timed_per_tick(engine: Engine, backend: Backend, method: str) -> dict[int, float]:
     """Seconds spent in the engine's backend.`method`, by index of the tick (in engine.ticks) that called it."""
-    backend = engine.backend
     seconds: dict[int, float] = {}
     inner = getattr(backend, method)
 

@@ -48,7 +48,7 @@ def measure(args: argparse.Namespace) -> None:
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
 
     def refill() -> None:
-        for _ in range(args.concurrency - len(engine.requests)):
+        for _ in range(args.concurrency - engine.n_live):
             engine.add_request(PROMPT, params, stream_interval=args.stream_interval)
 
     def on_outputs(outputs: list[RequestOutput]) -> None:  # on the host thread, as the server's client takes them

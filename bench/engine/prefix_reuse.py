@@ -56,7 +56,7 @@ def main() -> None:
         rows[cached] = summary
         print(f"prefix cache {'on ' if cached else 'off'}: wall {summary['wall_s']:.2f} s, "
               f"TTFT p50 {summary['ttft_p50_ms']:.0f} ms, p99 {summary['ttft_p99_ms']:.0f} ms, "
-              f"hit tokens {engine.slots.hit_tokens} of {engine.slots.queried_tokens} queried")
+              f"hit tokens {engine.stats().prefix_hit_tokens} of {engine.stats().prefix_queried_tokens} queried")
     off, on = rows[False], rows[True]
     print(f"ratios off/on: TTFT p50 {off['ttft_p50_ms'] / on['ttft_p50_ms']:.2f}x, "
           f"wall {off['wall_s'] / on['wall_s']:.2f}x")

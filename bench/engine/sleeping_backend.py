@@ -90,7 +90,7 @@ def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         sampled.append((r.end, sum(c.yields_token for c in r.plan.chunks)))
         # Refilled here, on the thread that publishes ticks (the host thread with async scheduling): in the
         # server, requests come from the event loop's thread, not from the one that launches the decodes.
-        for _ in range(concurrency - len(engine.requests)):
+        for _ in range(concurrency - engine.n_live):
             engine.add_request(PROMPT, params)
 
     engine.on_tick = on_tick

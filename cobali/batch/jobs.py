@@ -84,7 +84,7 @@ def run_shard(engine: Engine, shard: Shard, out: IO[str], max_new: int,
     """Generate a whole shard (greedy) on an idle engine with nothing cached, writing each wanted result as
     it finishes; returns how many were written."""
     assert not engine.has_work, "a shard needs the engine to itself"
-    engine.slots.drop_cached_prefixes()
+    engine.drop_cached_prefixes()
     llm = LLM(engine, LLM.feed_window(engine))
     for job in shard.jobs:
         llm.push(Pending(job.id, job.prompt, SamplingParams(max_tokens=job.max_tokens or max_new)))

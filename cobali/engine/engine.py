@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cobali.backends.base import Backend, DecodeError
+from cobali.backends.base import Backend, BackendInfo, DecodeError
 from cobali.engine.budget import AdaptiveBudget, DeadlineBudget, tick_budget
 from cobali.engine.costs import CostProfile
 from cobali.engine.engine_config import EngineConfig
@@ -41,19 +41,19 @@ class Engine:
     def __init__(self, backend: Backend, config: EngineConfig | None = None,
                  clock: Callable[[], float] = time.perf_counter, costs: CostProfile | None = None) -> None:
         """costs: a cost profile that seeds the tick costs an ITL target learns online."""
-        self.backend = backend
+        self._backend = backend
         self.clock = clock  # every timestamp comes from it; a simulated backend passes its virtual one
         self.config = config = config or EngineConfig()
         config.check_backend(backend.info)
-        self.slots = SlotPool(backend.info, config.max_slots, config.prefix_cache, compact=config.compact_slots,
+        self._slots = SlotPool(backend.info, config.max_slots, config.prefix_cache, compact=config.compact_slots,
                               host_mib=config.host_cache_mib)
-        self.requests: dict[int, Request] = {}
-        self.executor = Executor(backend, config, self.requests, clock)
-        self.adapters = self.executor.adapters  # loaded and unloaded between ticks, on the engine's thread
-        self.grammars = self.executor.grammars
-        self.scheduler = Scheduler(config, self.slots, tick_budget(config, costs, backend.info.prefill_tile),
-                                   prefill_tile=backend.info.prefill_tile, adapters=self.adapters.enabled)
-        self.tokenizer = Tokenizer(backend, self.slots.accountant.seq_limit, self.slots.accountant.context_hint())
+        self._requests: dict[int, Request] = {}
+        self._executor = Executor(backend, config, self._requests, clock)
+        self._adapters = self._executor.adapters  # loaded and unloaded between ticks, on the engine's thread
+        self.grammars = self._executor.grammars
+        self._scheduler = Scheduler(config, self._slots, tick_budget(config, costs, backend.info.prefill_tile),
+                                   prefill_tile=backend.info.prefill_tile, adapters=self._adapters.enabled)
+        self.tokenizer = Tokenizer(backend, self._slots.accountant.seq_limit, self._slots.accountant.context_hint())
         self.ticks: list[TickRecord] = []
         self.on_tick: Callable[[TickRecord], None] | None = None
         # Takes the outputs as they are made, on the thread that made them (with async scheduling, the host's);
@@ -71,19 +71,50 @@ class Engine:
     def model_info(self) -> ModelInfo:
         """The loaded model, as the frontend checks requests against it: on the engine's thread (it asks the
         backend)."""
-        accountant = self.slots.accountant
-        return ModelInfo(self.backend.info.n_vocab, accountant.seq_limit, accountant.context_hint(),
-                         self.backend.info.description, self.config.max_slots, self.backend.chat_template_source(),
-                         self.backend.embedding_limits)
+        accountant = self._slots.accountant
+        return ModelInfo(self._backend.info.n_vocab, accountant.seq_limit, accountant.context_hint(),
+                         self._backend.info.description, self.config.max_slots, self._backend.chat_template_source(),
+                         self._backend.embedding_limits)
 
     def embed(self, inputs: list[list[int]]) -> np.ndarray:
         """Pooled embeddings, one row per input: from any thread, beside the ticks (the backend embeds in a context
         of its own), one call at a time."""
-        return self.backend.embed(inputs)
+        return self._backend.embed(inputs)
+
+    # What a face may ask of the engine's parts, by name: the parts themselves are private (ruff's SLF001 outside
+    # cobali/engine), so that a face depends on messages and these, never on the scheduler, slots or backend.
+    @property
+    def backend_info(self) -> BackendInfo:
+        return self._backend.info
+
+    @property
+    def n_queued(self) -> int:
+        """Requests added and not holding a slot yet: waiting, or not yet taken in by a tick."""
+        return len(self._requests) - len(self._scheduler.running)
+
+    @property
+    def n_live(self) -> int:
+        """Requests added and not ended yet."""
+        return len(self._requests)
+
+    def load_adapter(self, path: str) -> int:
+        """Load a LoRA adapter (between ticks, on the engine's thread): its index, for add_request's lora."""
+        return self._adapters.load(path)
+
+    def unload_adapter(self, index: int) -> None:
+        self._adapters.unload(index)
+
+    def drop_cached_prefixes(self) -> None:
+        """Forget every cached prefix, so that the next requests compute theirs (a measurement's cold start)."""
+        self._slots.drop_cached_prefixes()
+
+    def close(self) -> None:
+        """Free the model and its context: the engine runs no more ticks."""
+        self._backend.close()
 
     def slot_states(self) -> tuple[SlotState, ...]:
         """Every slot and the request in it; on the engine's thread, between two ticks."""
-        return slot_states(self.scheduler.running, self.config.max_slots)
+        return slot_states(self._scheduler.running, self.config.max_slots)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
                     arrival_time: float | None = None, priority: int = 0, stream_interval: int | None = None,
@@ -93,11 +124,11 @@ class Engine:
         lora: its adapter, 0: none. Returns the engine's own record of it: a frontend keeps only its id."""
         assert stream_interval is None or stream_interval >= 1, stream_interval
         params = params or SamplingParams()
-        self.adapters.check(lora)
+        self._adapters.check(lora)
         request = Request(next(self._ids), self.tokenizer.prompt_tokens(prompt), params, priority=priority,
                           lora=lora, stream_interval=stream_interval,
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
-        self.requests[request.id] = request
+        self._requests[request.id] = request
         self._inbox.append(request)
         return request
 
@@ -108,14 +139,14 @@ class Engine:
     @property
     def has_work(self) -> bool:
         in_flight = self._pipeline is not None and self._pipeline.in_flight
-        return bool(self._inbox or self._aborts or self.scheduler.has_work or in_flight)
+        return bool(self._inbox or self._aborts or self._scheduler.has_work or in_flight)
 
     def save_a_cached_prefix(self) -> bool:
         """Idle, copy one cached prefix to host memory (after the KV ops pending): the request that takes its slot
         later then waits for no save. False when none is left to save."""
-        if not self.slots.save_a_cached_prefix():
+        if not self._slots.save_a_cached_prefix():
             return False
-        self.executor.run_kv_ops(self.slots.take_kv_ops())
+        self._executor.run_kv_ops(self._slots.take_kv_ops())
         return True
 
     def step(self) -> list[RequestOutput]:
@@ -130,14 +161,14 @@ class Engine:
         """Take what other threads handed over, and plan (and commit) the next tick."""
         now = self.clock()
         self.take_submissions(now)
-        plan = self.scheduler.schedule(now)
+        plan = self._scheduler.schedule(now)
         if self.on_outputs is not None and self._made:  # aborted requests hear of it now
             self.on_outputs(self._take_made())
         return plan
 
     def execute(self, plan: Plan) -> StepResult:
         """Run the plan on the backend: its KV operations, its batch, the samples."""
-        return self.executor.execute(plan)
+        return self._executor.execute(plan)
 
     def update_from_output(self, plan: Plan, result: StepResult, later: Plan | None = None) -> list[RequestOutput]:
         """Apply what the plan's decode gave (tokens in place, text decoded, stops checked, requests finished),
@@ -178,8 +209,8 @@ class Engine:
     def close_tick(self, record: TickRecord, seconds: float | None) -> None:
         """Learn the tick's cost (seconds: what it cost the clients; None: it failed) and publish its record."""
         if seconds is not None:
-            self.scheduler.budget.observe(record.plan, seconds)
-            budget = self.scheduler.budget
+            self._scheduler.budget.observe(record.plan, seconds)
+            budget = self._scheduler.budget
             if isinstance(budget, AdaptiveBudget | DeadlineBudget) and budget.costs.confident != self._costs_confident:
                 self._costs_confident = budget.costs.confident  # logged as it changes: learned, or costs moved
                 log.info("tick costs: %s", budget.costs.describe())
@@ -191,39 +222,39 @@ class Engine:
     def take_submissions(self, now: float) -> None:
         while self._inbox:
             request = self._inbox.popleft()
-            self.executor.add(request)
-            self.scheduler.add(request)
+            self._executor.add(request)
+            self._scheduler.add(request)
         while self._aborts:
-            aborted = self.requests.get(self._aborts.popleft())
+            aborted = self._requests.get(self._aborts.popleft())
             if aborted is not None and not aborted.is_finished:
                 self.finish(aborted, FinishReason.ABORT, now)
 
     def fail_unrunnable_head(self, now: float) -> None:
         """Nothing runs or was admitted: the queue head fits not even in an empty KV, and would wait forever."""
-        if self.scheduler.waiting and not self.scheduler.running:
-            self.finish(self.scheduler.waiting[0], FinishReason.ERROR, now, "the request does not fit in the KV cache")
+        if self._scheduler.waiting and not self._scheduler.running:
+            self.finish(self._scheduler.waiting[0], FinishReason.ERROR, now, "the request does not fit in the KV cache")
 
     def _recover(self, plan: Plan, err: DecodeError, now: float, later: Plan | None) -> None:
         """The decode failed and llama.cpp left the KV as it was. No KV slot: the batch's newest request goes back
         to the queue, whatever the admission policy, and the rest run again. Any other failure, or a lone request
         that cannot fit, fails the batch. With a later plan made on this one, every request of either goes back."""
-        in_batch = [r for r in dict.fromkeys(self.requests.get(c.request_id) for c in plan.chunks)
+        in_batch = [r for r in dict.fromkeys(self._requests.get(c.request_id) for c in plan.chunks)
                     if r is not None and not r.is_finished]
         if later is None:
             for chunk in plan.chunks:
-                self.requests[chunk.request_id].undo(chunk.start, chunk.yields_token, chunk.kind is ChunkKind.PREFILL)
+                self._requests[chunk.request_id].undo(chunk.start, chunk.yields_token, chunk.kind is ChunkKind.PREFILL)
         else:
             for chunk in plan.chunks + later.chunks:
-                if (request := self.requests.get(chunk.request_id)) is not None:
+                if (request := self._requests.get(chunk.request_id)) is not None:
                     request.drop_pending_tokens()
         if not (err.no_kv_slot and len(in_batch) > 1):
             for request in in_batch:
                 self.finish(request, FinishReason.ERROR, now, f"decode failed: {err}")
         elif later is None:
-            self.scheduler.preempt_newest("llama_decode found no KV slot", among={r.id for r in in_batch})
+            self._scheduler.preempt_newest("llama_decode found no KV slot", among={r.id for r in in_batch})
         if later is not None:
             for request_id in dict.fromkeys(c.request_id for c in plan.chunks + later.chunks):
-                self.scheduler.preempt_newest(f"decode failed: {err}", among={request_id})
+                self._scheduler.preempt_newest(f"decode failed: {err}", among={request_id})
 
     def _apply(self, result: StepResult, now: float) -> None:
         """Each sampled token into its request's outputs (over its stand-in), with what was read beside it."""
@@ -250,13 +281,13 @@ class Engine:
         (with async scheduling a stand-in may stand in line behind it)."""
         request.token_times.append(now)
         params = request.params
-        is_eog = (token in self.executor.eog_ids and not params.ignore_eos) or token in params.stop_token_ids
+        is_eog = (token in self._executor.eog_ids and not params.ignore_eos) or token in params.stop_token_ids
         stream = request.stream
         # Text is decoded only when someone reads it now: a due stream, or stop strings; else later or at the end.
         due = request.stream_interval is not None and stream.is_due(count)
         hit_stop = not is_eog and (due or stream.checks_each_token) and self._decode_to(request, count)
         reason = (FinishReason.STOP if is_eog or hit_stop
-                  else FinishReason.LENGTH if request.is_at_length(count, self.slots.accountant.seq_limit) else None)
+                  else FinishReason.LENGTH if request.is_at_length(count, self._slots.accountant.seq_limit) else None)
         if reason is not None:
             self.finish(request, reason, now, stopped=hit_stop)
         elif due:  # with no text yet (an end token under ignore_eos, a held-back stop prefix): an empty delta, as vLLM
@@ -273,7 +304,7 @@ class Engine:
                 request.logprobs.append(logprob)
             self._accept(request, token, request.add_token(token), now)
         if request.computed_tokens < drafted.end:
-            self.executor.trim(drafted.slot, request.computed_tokens)
+            self._executor.trim(drafted.slot, request.computed_tokens)
 
     def _decode_to(self, request: Request, end: int) -> bool:
         """Push output tokens up to `end` into the request's text; True when a stop string was hit."""
@@ -281,9 +312,9 @@ class Engine:
         tokens = request.output_tokens[stream.decoded : end]
         if not tokens:
             return False
-        preserved, plain = request.params.preserved_tokens, self.executor.token_bytes  # preserved: their text kept
+        preserved, plain = request.params.preserved_tokens, self._executor.token_bytes  # preserved: their text kept
         text = (b"".join(map(plain, tokens)) if not preserved else
-                b"".join(self.executor.special_token_bytes(t) if t in preserved else plain(t) for t in tokens))
+                b"".join(self._executor.special_token_bytes(t) if t in preserved else plain(t) for t in tokens))
         return stream.push(text, decoded=end)
 
     def finish(self, request: Request, reason: FinishReason, now: float, error: str | Exception | None = None,
@@ -291,9 +322,9 @@ class Engine:
         """End a request, free its slot and KV now, and make its final output. stopped: a stop string cut its text."""
         self.n_cut += request.drop_pending_tokens()
         request.finish(reason, now, error)
-        del self.requests[request.id]
-        self.scheduler.remove(request, keep_kv=reason in (FinishReason.STOP, FinishReason.LENGTH))
-        self.executor.release(request)
+        del self._requests[request.id]
+        self._scheduler.remove(request, keep_kv=reason in (FinishReason.STOP, FinishReason.LENGTH))
+        self._executor.release(request)
         if not stopped:  # the text not decoded yet (an end-of-generation token is not text)
             self._decode_to(request, len(request.output_tokens) - (reason is FinishReason.STOP))
         text = request.stream.close(stopped)
@@ -304,12 +335,12 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """The gauges and totals now; from any thread."""
-        scheduler, slots, executor, budget = self.scheduler, self.slots, self.executor, self.scheduler.budget
+        scheduler, slots, executor, budget = self._scheduler, self._slots, self._executor, self._scheduler.budget
         learned = budget.costs if isinstance(budget, AdaptiveBudget | DeadlineBudget) else None
         tail = budget.tail if isinstance(budget, AdaptiveBudget) else None
         return EngineStats(
             n_running=len(scheduler.running), n_waiting=len(scheduler.waiting),
-            kv_used_tokens=sum(r.computed_tokens for r in list(scheduler.running)), n_ctx=self.backend.info.n_ctx,
+            kv_used_tokens=sum(r.computed_tokens for r in list(scheduler.running)), n_ctx=self._backend.info.n_ctx,
             preemptions=scheduler.preemptions, prefix_queried_tokens=slots.queried_tokens,
             prefix_hit_tokens=slots.hit_tokens,
             prefix_host_hit_tokens=slots.host.hit_tokens if slots.host is not None else 0,

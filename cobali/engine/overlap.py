@@ -34,7 +34,7 @@ class Phases(Protocol):
     """The engine's tick as three calls (cobali.engine.engine.Engine), which the pipeline spreads over two
     threads."""
 
-    executor: Executor
+    _executor: Executor
     clock: Callable[[], float]
     n_cut: int  # requests that ended with a decode in flight sampling their next token
 
@@ -71,7 +71,7 @@ class Pipeline:
 
     def __init__(self, engine: Phases) -> None:
         self.engine = engine
-        info = engine.executor.backend.info
+        info = engine._executor.backend.info
         # Two buffers: the next batch is filled while the decode reads the other.
         self._buffers = [BatchArrays.zeros(info.n_batch), BatchArrays.zeros(info.n_batch)]
         self._fills = 0
@@ -90,7 +90,7 @@ class Pipeline:
         return self._ready is not None or self._unsettled is not None
 
     def step(self) -> list[RequestOutput]:
-        engine, executor = self.engine, self.engine.executor
+        engine, executor = self.engine, self.engine._executor
         made: list[RequestOutput] = []
         if self._ready is None:  # the first tick, or the pipeline ran dry: catch up here
             made = self._settle()
@@ -141,7 +141,7 @@ class Pipeline:
         """Fill the plan's batch, and find the rows that feed a token the `decoding` batch samples."""
         self._fills += 1  # alternate: the batch filled last may be the one decoding now
         arrays = self._buffers[self._fills % 2]
-        prepared = self.engine.executor.prepare(plan, arrays)
+        prepared = self.engine._executor.prepare(plan, arrays)
         feed_rows = np.flatnonzero(arrays.tokens[: prepared.filled.n_rows] == PENDING_TOKEN)
         feed_slots = arrays.seq_ids[feed_rows]
         feed_src = None
@@ -177,7 +177,7 @@ class Pipeline:
         the engine sends every request of either plan back to the queue to recompute (llama.cpp left the KV as
         before the failed batch), failing the failed batch's for a failure that is not a full KV."""
         engine = self.engine
-        engine.executor.run_kv_ops(later.kv_ops)
+        engine._executor.run_kv_ops(later.kv_ops)
         now = engine.clock()
         result = StepResult((), (), decode_start=launched, decode_end=now, sampled_at=now, error=err)
         return engine.deliver(engine.update_from_output(failed.plan, result, later=later))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from cobali.backends.base import Backend
 from cobali.backends.embedded_model import embedded_model_path
@@ -27,6 +28,23 @@ class EngineSetup:
     engine: EngineConfig
     backend: LlamaCppConfig
     profile: str | None = None  # a path or a bundled profile's name; None: learn the tick costs from scratch
+
+    @classmethod
+    def from_options(cls, model: str | None = None, **options: Any) -> EngineSetup:
+        """A Python caller's engine (vLLM's `LLM(model=..., **options)`): each option is a field of EngineConfig
+        or of LlamaCppConfig, by name (max_slots, n_ctx, n_gpu_layers, async_scheduling, ...). model: a GGUF
+        path, None: the embedded model. As the CLI does, the backend is sized for max_slots sequences and one
+        n_batch serves both."""
+        engine_fields = {f.name for f in fields(EngineConfig)}
+        backend_fields = {f.name for f in fields(LlamaCppConfig)} - {"model_path"}
+        unknown = sorted(set(options) - engine_fields - backend_fields)
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(unknown)}: an option is a field of EngineConfig or "
+                             "LlamaCppConfig")
+        engine = EngineConfig(**{k: v for k, v in options.items() if k in engine_fields})
+        backend = {"n_seq_max": engine.max_slots, "n_batch": engine.n_batch,
+                   **{k: v for k, v in options.items() if k in backend_fields}}
+        return cls(engine, LlamaCppConfig(model_path=model, **backend))
 
     def model_name(self) -> str:
         """The model's name where none is given (a server's --served-model-name): its GGUF file's, less the suffix."""

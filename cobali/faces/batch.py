@@ -43,7 +43,7 @@ def run_shards_here(spec: EngineSetup, max_new: int, shards: Sequence[Shard], ou
     try:
         return sum(run_shard(engine, shard, out, max_new, on_done=on_done) for shard in shards)
     finally:
-        engine.backend.close()
+        engine.close()
 
 
 def batch_command(args: argparse.Namespace, run_shards: ShardsRunner = run_shards_here) -> int:

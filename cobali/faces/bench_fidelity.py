@@ -53,7 +53,8 @@ def fidelity_command(args: argparse.Namespace) -> int:
     try:
         engine = spec.build_engine(backend)
         candidate = greedy_traces(engine, items, args.max_new)
-        stats = {"preemptions": engine.scheduler.preemptions, "prefix_hit_tokens": engine.slots.hit_tokens,
+        totals = engine.stats()
+        stats = {"preemptions": totals.preemptions, "prefix_hit_tokens": totals.prefix_hit_tokens,
                  "ticks": len(engine.ticks), "backend": asdict(info)}
     finally:
         backend.close()

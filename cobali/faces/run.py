@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
     items = load_workload(args.prompts)
     engine = engine_setup(args, mode=args.mode).build_engine()
-    print(f"cobali run: {len(items)} prompts, mode {args.mode}, {engine.backend.info.description}")
+    print(f"cobali run: {len(items)} prompts, mode {args.mode}, {engine.backend_info.description}")
     result = run_workload(engine, items, LoadOptions(args.max_new, args.ignore_eos), trace_steps=args.trace_steps)
     summary = result.summary()
     print(format_summary(summary))
@@ -38,7 +38,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"speculative decoding: {stats.accepted_draft_tokens} of {stats.draft_tokens} guessed tokens kept")
     if args.json_out:
         config = {k: v for k, v in vars(args).items() if k != "func"}
-        config["backend"] = asdict(engine.backend.info)
+        config["backend"] = asdict(engine.backend_info)
         out = {"config": config, "summary": summary, "requests": [request_record(o) for o in result.outputs]}
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(out, indent=1))

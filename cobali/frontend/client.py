@@ -154,11 +154,11 @@ class EngineClient:
     def load_adapter(self, path: str) -> asyncio.Future[int]:
         """Load a LoRA adapter between two ticks; the future gets its index, or FileNotFoundError, ValueError
         (not an adapter for this model) or AdapterLimit."""
-        return self.call(lambda engine: engine.adapters.load(path))
+        return self.call(lambda engine: engine.load_adapter(path))
 
     def unload_adapter(self, index: int) -> asyncio.Future[None]:
         """No new request runs with the adapter; the engine frees it when its last request ends."""
-        return self.call(lambda engine: engine.adapters.unload(index))
+        return self.call(lambda engine: engine.unload_adapter(index))
 
     # ---- requests (event-loop side) ----------------------------------------------------------------
 

@@ -97,9 +97,9 @@ def test_a_prefix_moved_out_of_a_gap_is_reused_up_to_near_ties(backend) -> None:
     greedy_traces(engine, items, 16)
     moves = [op for t in engine.ticks for op in t.plan.kv_ops if isinstance(op, MoveSlot)]
     assert moves == [MoveSlot(source=1, slot=3), MoveSlot(source=2, slot=1)]
-    hits = engine.slots.hit_tokens
+    hits = engine._slots.hit_tokens
     again = greedy_traces(engine, [WorkItem(prompt, 12)], 16)
-    assert engine.slots.hit_tokens - hits == len(backend.tokenize(prompt)) - 1
+    assert engine._slots.hit_tokens - hits == len(backend.tokenize(prompt)) - 1
     reference = greedy_traces(Engine(backend, EngineConfig(mode="seq", max_slots=4, n_batch=256,
                                                            prefix_cache=False)), [WorkItem(prompt, 12)], 16)
     report = compare_runs(reference, again)
@@ -131,7 +131,7 @@ def test_a_prompt_restored_from_host_memory_matches_seq_up_to_near_ties(backend,
     for text in (prompt, PROMPTS[1], PROMPTS[4]):
         greedy_traces(engine, [WorkItem(text, 4)], 16)
     again = greedy_traces(engine, [WorkItem(prompt, 12)], 16)
-    assert engine.slots.host.hit_tokens == len(backend.tokenize(prompt)) - 1
+    assert engine._slots.host.hit_tokens == len(backend.tokenize(prompt)) - 1
     reference = greedy_traces(Engine(backend, EngineConfig(mode="seq", max_slots=4, n_batch=256,
                                                            prefix_cache=False)), [WorkItem(prompt, 12)], 16)
     report = compare_runs(reference, again)

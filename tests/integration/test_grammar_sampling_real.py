@@ -174,7 +174,7 @@ def test_a_grammar_that_allows_no_token_fails_its_request_only(model_path: str, 
     try:
         engine = Engine(backend, EngineConfig(mode="cont", max_slots=4, n_batch=128))
         requests = run_beside_each_other(engine, params)
-        assert not engine.executor.sampler.guide._matchers
+        assert not engine._executor.sampler.guide._matchers
     finally:
         backend.close()
     nothing, dead_end, beside, after = requests

@@ -31,7 +31,7 @@ def run(model_path: str, n_ctx: int) -> tuple[list[Trace], int]:
     backend = LlamaCppBackend(LlamaCppConfig(model_path, n_ctx=n_ctx, n_seq_max=8, n_batch=256, kv_unified=True))
     try:
         engine = Engine(backend, EngineConfig(max_slots=8, n_batch=256, kv_admission="optimistic"))
-        return greedy_traces(engine, ITEMS, 128), engine.scheduler.preemptions
+        return greedy_traces(engine, ITEMS, 128), engine._scheduler.preemptions
     finally:
         backend.close()
 

@@ -28,7 +28,7 @@ def engine(model_path: str) -> Iterator[Engine]:
 def test_a_preserved_control_token_keeps_its_text(engine: Engine) -> None:
     control = engine.tokenizer.control_token(TAG)
     assert control is not None and engine.tokenizer.control_token("Hello") is None
-    assert engine.backend.token_bytes(control) == b"" and engine.backend.special_token_bytes(control) == TAG.encode()
+    assert engine._backend.token_bytes(control) == b"" and engine._backend.special_token_bytes(control) == TAG.encode()
     forced = SamplingParams(max_tokens=2, logit_bias=((control, 100.0),))
     plain = LLM(engine).generate(["Hi"], forced)[0]
     kept = LLM(engine).generate(["Hi"], dataclasses.replace(forced, preserved_tokens=frozenset({control})))[0]

@@ -166,7 +166,7 @@ def test_the_model_samples_only_what_the_grammar_holds(model_path: str) -> None:
         results = [engine.add_request(prompt, SamplingParams(max_tokens=120, grammar=grammar, **sampling))
                    for prompt, grammar, _, sampling in jobs]
         list(LLM(engine).run())
-        assert not engine.executor.sampler.guide._matchers
+        assert not engine._executor.sampler.guide._matchers
     finally:
         backend.close()
     for (prompt, _, holds, _), result in zip(jobs, results, strict=True):

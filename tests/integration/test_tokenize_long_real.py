@@ -36,7 +36,7 @@ def test_a_long_text_tokenizes_in_chunks_as_in_one_call(backend: LlamaCppBackend
 def test_a_text_that_cannot_fit_the_context_is_refused_untokenized(backend: LlamaCppBackend,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine(backend, EngineConfig(max_slots=1))
-    limit = engine.slots.accountant.seq_limit
+    limit = engine._slots.accountant.seq_limit
     too_long = "<|im_end|>" * (limit * backend.info.max_token_bytes // 10 + 1)
     read: list[int] = []
     tokenize = backend.tokenize

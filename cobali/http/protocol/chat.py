@@ -155,7 +155,7 @@ class ChatCompletionRequest(GenerationRequest):
     def for_model_writing(self, calls: ToolFormat) -> ChatCompletionRequest:
         """This request for a model that writes tool calls in `calls`' format: a forced call is held to it."""
         copy = self.model_copy()
-        copy._call_format = calls
+        copy._call_format = calls  # noqa: SLF001 (a copy of its own class)
         return copy
 
     def forced_tools(self) -> list[Tool]:

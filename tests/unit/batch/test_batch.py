@@ -40,7 +40,7 @@ def test_a_fed_stream_reports_every_request_once_with_a_short_queue() -> None:
     done = []
     while llm.has_work:
         done += llm.step()
-        assert len(engine.scheduler.waiting) <= 2
+        assert len(engine._scheduler.waiting) <= 2
     keys = [k for k, _ in done]
     assert sorted(keys) == list(range(200))
     assert dict(done)[7].error and all(len(r.token_ids) == 3 for k, r in done if k != 7)

@@ -147,7 +147,7 @@ def test_the_budget_learns_from_every_tick_the_engine_runs() -> None:
     for i in range(4):
         engine.add_request([5 + i] * (50 + 100 * i), SamplingParams(max_tokens=30, ignore_eos=True))
     list(LLM(engine).run())
-    costs = engine.scheduler.budget.costs
+    costs = engine._scheduler.budget.costs
     assert costs.n_ticks == len(engine.ticks) and costs.confident
 
 

@@ -139,7 +139,7 @@ def test_failed_decode_fails_that_batch_only_and_engine_keeps_serving() -> None:
     b_ = engine.add_request("second", SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()  # decode call 1 fails: both requests were in that batch
     assert a.state is b_.state is RequestState.FAILED and "injected failure" in a.error
-    assert engine.slots.n_free == 2, "failed requests give their slots back"
+    assert engine._slots.n_free == 2, "failed requests give their slots back"
     (c,) = LLM(engine).generate(["third"], SamplingParams(max_tokens=4, ignore_eos=True))
     assert c.finish_reason is FinishReason.LENGTH
 
@@ -150,7 +150,7 @@ def test_no_kv_slot_preempts_the_newest_and_outputs_are_unchanged() -> None:
     clean = LLM(make_engine()).generate(prompts, params)
     engine = make_engine(fail_on_calls={2}, fail_code=1)
     runs = LLM(engine).generate(prompts, params)
-    assert engine.scheduler.preemptions == 1
+    assert engine._scheduler.preemptions == 1
     assert [r.token_ids for r in runs] == [r.token_ids for r in clean]
     assert all(r.finish_reason is FinishReason.LENGTH for r in runs)
     assert [r.stats.preemptions for r in runs] == [0, 1], "the newest went back to the queue"
@@ -168,11 +168,11 @@ def test_abort_frees_slot_and_kv_at_the_next_tick() -> None:
     engine.step()
     engine.step()
     slot = r.slot
-    assert engine.backend.kv[slot]
+    assert engine._backend.kv[slot]
     engine.abort(r.id)
     engine.step()
     assert r.finish_reason is FinishReason.ABORT and r.slot is None
-    assert engine.backend.kv[slot] == [] and engine.slots.n_free == 2 and not engine.has_work
+    assert engine._backend.kv[slot] == [] and engine._slots.n_free == 2 and not engine.has_work
 
 
 def test_aborting_a_queued_request_removes_it() -> None:
@@ -242,7 +242,7 @@ def test_a_failing_sampler_fails_only_its_request() -> None:
     def broken(params: SamplingParams):
         raise RuntimeError("sampler exploded")
 
-    engine.backend.new_sampler = broken
+    engine._backend.new_sampler = broken
     sampled = engine.add_request("x", SamplingParams(max_tokens=3, temperature=0.8, ignore_eos=True))
     greedy = engine.add_request("y", SamplingParams(max_tokens=3, ignore_eos=True))
     list(LLM(engine).run())
@@ -262,13 +262,13 @@ def test_batch_rows_follow_slot_order() -> None:
     (the plan's chunks keep decode-first priority order)."""
     engine = make_engine(slots=4)
     seen: list[list[int]] = []
-    decode = engine.backend.decode
+    decode = engine._backend.decode
 
     def recording_decode(tokens, positions, seq_ids, want_logits):
         seen.append(list(seq_ids))
         return decode(tokens, positions, seq_ids, want_logits)
 
-    engine.backend.decode = recording_decode
+    engine._backend.decode = recording_decode
     lengths = [3, 9, 2, 7, 5, 4, 8]
     for i, n in enumerate(lengths):
         engine.add_request(f"prompt number {i} " * (i + 1), SamplingParams(max_tokens=n, ignore_eos=True))
@@ -289,8 +289,8 @@ def test_batch_rows_follow_slot_order() -> None:
 def test_logprobs_are_the_model_distribution_and_sorted() -> None:
     engine = make_engine()
     captured: list[np.ndarray] = []
-    decode = engine.backend.decode
-    engine.backend.decode = lambda *a: captured.append(decode(*a).copy()) or captured[-1]
+    decode = engine._backend.decode
+    engine._backend.decode = lambda *a: captured.append(decode(*a).copy()) or captured[-1]
     (r,) = LLM(engine).generate(["logprob me"], SamplingParams(max_tokens=4, ignore_eos=True, logprobs=3))
     assert tuple(e.token for e in r.logprobs) == r.token_ids
     for entry, logits in zip(r.logprobs, captured, strict=True):

@@ -36,7 +36,7 @@ def send(engine: Engine, tokens: list[int], params: SamplingParams = ONE) -> int
 
 def saved(engine: Engine) -> list[np.ndarray]:
     """What the runner holds in host memory, decoded (the fake saves a sequence as its tokens)."""
-    return list(engine.executor.kv._saved.values())
+    return list(engine._executor.kv._saved.values())
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
@@ -46,11 +46,11 @@ def test_a_prefix_evicted_from_its_slot_is_restored_and_generates_the_same(async
     engine = make_engine(async_scheduling=async_scheduling)
     first = LLM(engine).generate([prompts[0]], long)[0].token_ids
     assert [send(engine, p) for p in prompts[1:]] == [0, 0, 0], "two slots: the first prompt's slot is taken"
-    assert prompts[0] not in [engine.backend.kv[s][:30] for s in range(2)]
+    assert prompts[0] not in [engine._backend.kv[s][:30] for s in range(2)]
     [again] = LLM(engine).generate([prompts[0]], long)
     assert again.cached_tokens == 29, "all but the last prompt token, from host memory"
     assert again.token_ids == first
-    assert engine.slots.host.hit_tokens == 29 and engine.slots.hit_tokens == 29
+    assert engine._slots.host.hit_tokens == 29 and engine._slots.hit_tokens == 29
     off = make_engine(host_mib=0)
     assert [send(off, p) for p in prompts + prompts[:1]] == [0] * 5, "without the tier it is prefilled again"
 
@@ -60,10 +60,10 @@ def test_the_tier_keeps_to_its_budget_least_recently_used_first_and_frees_what_i
     prompts = [prompt(30, s) for s in range(6)]
     for p in prompts:
         send(engine, p)
-    host = engine.slots.host
+    host = engine._slots.host
     assert host.held_tokens == 60 and len(host) == 2
     assert sorted(s[:30].tolist() for s in saved(engine)) == sorted(prompts[2:4])
-    assert engine.executor.kv.saved_bytes == sum(s.nbytes for s in saved(engine))
+    assert engine._executor.kv.saved_bytes == sum(s.nbytes for s in saved(engine))
     assert send(engine, prompts[0]) == 0, "forgotten"
     assert send(engine, prompts[3]) == 29
 
@@ -74,7 +74,7 @@ def test_a_longer_turn_of_a_chat_replaces_its_earlier_turn_in_host_memory() -> N
     send(engine, turn)
     send(engine, prompt(30, 2))
     send(engine, prompt(30, 3))  # the first turn goes to host memory
-    assert len(engine.slots.host) == 1
+    assert len(engine._slots.host) == 1
     assert send(engine, turn + prompt(10, 4)) == 30, "its prompt and output"
     send(engine, prompt(30, 5))
     send(engine, prompt(30, 6))
@@ -110,12 +110,12 @@ def test_dropping_the_cached_prefixes_forgets_those_in_host_memory() -> None:
     engine = make_engine()
     for s in range(4):
         send(engine, prompt(30, s))
-    assert len(engine.slots.host) == 2
-    engine.slots.drop_cached_prefixes()
-    ops = engine.slots.take_kv_ops()
+    assert len(engine._slots.host) == 2
+    engine._slots.drop_cached_prefixes()
+    ops = engine._slots.take_kv_ops()
     assert not any(isinstance(op, SaveSlot) for op in ops) and sum(isinstance(op, ForgetSaved) for op in ops) == 2
-    engine.executor.kv.run(ops)
-    assert len(engine.slots.host) == 0 and engine.executor.kv.saved_bytes == 0 and not saved(engine)
+    engine._executor.kv.run(ops)
+    assert len(engine._slots.host) == 0 and engine._executor.kv.saved_bytes == 0 and not saved(engine)
 
 
 def test_host_prefixes_match_within_room_and_never_forget_the_entry_just_saved() -> None:
@@ -136,7 +136,7 @@ def test_a_restore_is_planned_after_the_slot_it_fills_is_emptied() -> None:
         send(engine, p)
     engine.add_request(prompts[0], ONE)
     engine.take_submissions(engine.clock())
-    plan = engine.scheduler.schedule(engine.clock())
+    plan = engine._scheduler.schedule(engine.clock())
     kinds = [type(op).__name__ for op in plan.kv_ops]
     assert kinds == ["SaveSlot", "ClearSlot", "LoadSlot"], kinds
     load = plan.kv_ops[-1]
@@ -212,7 +212,7 @@ def test_taking_a_slot_for_a_restore_never_forgets_the_prefix_it_restores() -> N
     assert send(engine, prompt(40, 3)) == 0, "a's slot: a to host memory"
     assert [s.tolist() for s in saved(engine)] == [a]
     assert send(engine, a) == 39, "into b's slot"
-    assert [s.tolist() for s in saved(engine)] == [a] and engine.slots.host.pinned is None
+    assert [s.tolist() for s in saved(engine)] == [a] and engine._slots.host.pinned is None
 
 
 def test_the_saves_a_host_tier_would_forget_are_those_save_forgets() -> None:

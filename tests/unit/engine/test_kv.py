@@ -38,7 +38,7 @@ PROMPTS = [prompt(20, s) for s in range(4)]
 def test_reserve_never_preempts_on_a_tight_pool() -> None:
     engine = make_engine(unified_cells=128, kv_admission="reserve", prefix_cache=False)
     runs = LLM(engine).generate(PROMPTS, LONG)
-    assert engine.scheduler.preemptions == 0
+    assert engine._scheduler.preemptions == 0
     assert all(r.finish_reason is FinishReason.LENGTH for r in runs)
     # 60 tokens each, 4 blocks each: only two fit in the 8-block pool at once.
     assert max(len({c.request_id for c in t.plan.chunks}) for t in engine.ticks) == 2
@@ -48,7 +48,7 @@ def test_optimistic_preempts_the_newest_and_its_output_is_unchanged() -> None:
     roomy = LLM(make_engine(prefix_cache=False)).generate(PROMPTS, LONG)
     engine = make_engine(unified_cells=128, kv_admission="optimistic", prefix_cache=False)
     runs = LLM(engine).generate(PROMPTS, LONG)
-    assert engine.scheduler.preemptions > 0
+    assert engine._scheduler.preemptions > 0
     first = next(t.plan for t in engine.ticks if t.plan.preempted)
     assert first.preempted == (3, 2), "newest first, until the older ones have room"
     assert first.admitted == (), "no admission in a tick that preempted"
@@ -60,7 +60,7 @@ def test_cached_tokens_count_prompt_tokens_only() -> None:
     included; what it reports as cached is at most its prompt."""
     engine = make_engine(unified_cells=192, kv_admission="optimistic", prefix_cache=True)
     runs = LLM(engine).generate([prompt(20, 1)] * 4, LONG)
-    assert engine.scheduler.preemptions > 0
+    assert engine._scheduler.preemptions > 0
     assert max(r.cached_tokens for r in runs) == 20, "one came back to a twin holding all of its prompt and more"
 
 
@@ -71,9 +71,9 @@ def test_preempted_request_goes_to_the_front_of_the_queue() -> None:
     later = engine.add_request(prompt(5, 3), LONG)
     engine.step()
     engine.step()
-    engine.scheduler.preempt_newest("test")
+    engine._scheduler.preempt_newest("test")
     assert victim.state is RequestState.PENDING and victim.computed_tokens == 0
-    assert list(engine.scheduler.waiting) == [victim, later]
+    assert list(engine._scheduler.waiting) == [victim, later]
     assert len(victim.output_tokens) == 2, "tokens already streamed are kept"
 
 
@@ -90,7 +90,7 @@ def test_prefix_hit_prefills_only_the_suffix() -> None:
     engine.ticks.clear()
     LLM(engine).generate([system + prompt(10, 2)], SamplingParams(max_tokens=2, ignore_eos=True))
     assert shape(engine)[0] == [(1, "prefill", 48, 10)]
-    assert engine.slots.hit_tokens == 48 and engine.slots.queried_tokens == 116
+    assert engine._slots.hit_tokens == 48 and engine._slots.queried_tokens == 116
 
 
 def test_prefix_is_copied_from_a_running_request() -> None:
@@ -101,7 +101,7 @@ def test_prefix_is_copied_from_a_running_request() -> None:
     engine.add_request(system + prompt(10, 2), LONG)
     engine.step()
     assert shape(engine)[1] == [(0, "decode", 58, 1), (1, "prefill", 48, 10)]
-    assert engine.backend.kv[1][:48] == system
+    assert engine._backend.kv[1][:48] == system
 
 
 def test_prefix_reuse_keeps_outputs_equal() -> None:
@@ -117,13 +117,13 @@ def test_lru_cached_prefix_is_evicted_first() -> None:
     a, b = prompt(30, 1), prompt(30, 2)
     LLM(engine).generate([a], SamplingParams(max_tokens=1))
     LLM(engine).generate([b], SamplingParams(max_tokens=1))
-    assert engine.slots.cached_blocks == 4 and engine.backend.kv[0] == a and engine.backend.kv[1] == b
+    assert engine._slots.cached_blocks == 4 and engine._backend.kv[0] == a and engine._backend.kv[1] == b
     c = prompt(60, 3)
     engine.add_request(c, SamplingParams(max_tokens=1))  # needs 4 blocks: one prefix must go
     engine.step()
-    assert engine.backend.kv[0] == c, "a's prefix was released first: it is evicted, and c takes the lowest slot"
-    assert engine.backend.kv[1] == b
-    assert engine.backend.kv[2] == []
+    assert engine._backend.kv[0] == c, "a's prefix was released first: it is evicted, and c takes the lowest slot"
+    assert engine._backend.kv[1] == b
+    assert engine._backend.kv[2] == []
 
 
 @pytest.mark.parametrize("host_cache_mib", [0, 8192])
@@ -133,10 +133,10 @@ def test_a_full_unified_pool_spares_the_cached_prefix_the_new_request_reuses(hos
     engine = make_engine(slots=2, unified_cells=128, host_cache_mib=host_cache_mib)  # 8 blocks
     system = prompt(48, 9)
     LLM(engine).generate([system + prompt(10, 1)], SamplingParams(max_tokens=1, ignore_eos=True))
-    assert engine.slots.cached_blocks == 4
+    assert engine._slots.cached_blocks == 4
     engine.add_request(prompt(20, 2), LONG)  # 60 tokens reserved: 4 blocks, the pool is full
     engine.step()
-    assert engine.slots.accountant.free_blocks == 0
+    assert engine._slots.accountant.free_blocks == 0
     request = engine.add_request(system + prompt(10, 2), SamplingParams(max_tokens=1, ignore_eos=True))
     engine.step()
     assert request.cached_tokens == 48
@@ -152,7 +152,7 @@ def test_a_spared_prefix_a_running_request_outdoes_is_evicted_after_all() -> Non
     short = engine.add_request(system[:32] + prompt(10, 1), SamplingParams(max_tokens=1, ignore_eos=True))
     while short.finish_reason is None:
         engine.step()
-    assert engine.slots.cached_blocks == 3 and engine.slots.accountant.free_blocks == 1
+    assert engine._slots.cached_blocks == 3 and engine._slots.accountant.free_blocks == 1
     request = engine.add_request(system + prompt(10, 3), SamplingParams(max_tokens=1, ignore_eos=True))
     engine.step()
     assert request.cached_tokens == 48, "copied from the running request, not the cached 32 tokens"
@@ -167,15 +167,15 @@ def test_at_idle_each_prompt_keeps_its_kv_until_every_slot_holds_one() -> None:
     prompts = [prompt(30, s) for s in range(6)]
 
     def send(p: list[int]) -> int:
-        hits = engine.slots.hit_tokens
+        hits = engine._slots.hit_tokens
         LLM(engine).generate([p], SamplingParams(max_tokens=1))
-        return engine.slots.hit_tokens - hits
+        return engine._slots.hit_tokens - hits
 
     assert [send(p) for p in prompts[:4]] == [0] * 4
-    assert [engine.backend.kv[s][:30] for s in range(4)] == prompts[:4]
-    assert send(prompts[4]) == 0 and engine.backend.kv[0][:30] == prompts[4], "every slot holds one: the oldest goes"
+    assert [engine._backend.kv[s][:30] for s in range(4)] == prompts[:4]
+    assert send(prompts[4]) == 0 and engine._backend.kv[0][:30] == prompts[4], "every slot holds one: the oldest goes"
     assert send(prompts[1]) == 29, "all but the last prompt token reused"
-    assert send(prompts[5]) == 0 and engine.backend.kv[2][:30] == prompts[5], "slot 1 was used again: slot 2 goes"
+    assert send(prompts[5]) == 0 and engine._backend.kv[2][:30] == prompts[5], "slot 1 was used again: slot 2 goes"
     assert [send(p) for p in (prompts[1], prompts[3], prompts[4], prompts[5])] == [29] * 4
     assert send(prompts[2]) == 0
 
@@ -197,11 +197,11 @@ def test_with_per_sequence_streams_a_new_request_keeps_the_running_slots_one_run
     f = engine.add_request(prompt(30, 6), LONG)
     engine.step()
     assert {e.slot, f.slot} == {1, 4}, "beside the run: the empty slot 4, then slot 1"
-    assert engine.backend.kv[0][:30] == b, "b's KV moved out of slot 1 into slot 0: a's, released first, went"
-    hits = engine.slots.hit_tokens
+    assert engine._backend.kv[0][:30] == b, "b's KV moved out of slot 1 into slot 0: a's, released first, went"
+    hits = engine._slots.hit_tokens
     g = engine.add_request(b, LONG)
     engine.step()
-    assert g.slot == 0 and engine.slots.hit_tokens - hits == 29
+    assert g.slot == 0 and engine._slots.hit_tokens - hits == 29
 
 
 def test_a_moved_prefix_keeps_its_place_in_the_release_order() -> None:
@@ -212,10 +212,10 @@ def test_a_moved_prefix_keeps_its_place_in_the_release_order() -> None:
     for s in range(3):  # slots 3, 4, then 2: g's KV moves to slot 0 (a's, the oldest, goes)
         engine.add_request(prompt(30, 10 + s), LONG)
         engine.step()
-    assert engine.backend.kv[0][:30] == g and engine.backend.kv[1][:30] == b
+    assert engine._backend.kv[0][:30] == g and engine._backend.kv[1][:30] == b
     engine.add_request(prompt(30, 20), LONG)  # slot 1: b's KV is newer than g's, so b's moves over g's
     engine.step()
-    assert engine.backend.kv[0][:30] == b
+    assert engine._backend.kv[0][:30] == b
 
 
 def test_closing_a_gap_moves_the_prefix_cached_in_it_to_an_empty_slot() -> None:
@@ -224,13 +224,13 @@ def test_closing_a_gap_moves_the_prefix_cached_in_it_to_an_empty_slot() -> None:
                for s, n in ((1, 40), (2, 3), (3, 40)))
     while not y.is_finished:
         engine.step()
-    assert (x.slot, z.slot) == (0, 2) and engine.backend.kv[1][:30] == y.prompt_tokens
+    assert (x.slot, z.slot) == (0, 2) and engine._backend.kv[1][:30] == y.prompt_tokens
     engine.step()
     assert z.slot == 1, "z moved into the gap"
-    assert engine.backend.kv[5][:30] == y.prompt_tokens, "y's KV moved to the highest empty slot, not dropped"
-    hits = engine.slots.hit_tokens
+    assert engine._backend.kv[5][:30] == y.prompt_tokens, "y's KV moved to the highest empty slot, not dropped"
+    hits = engine._slots.hit_tokens
     LLM(engine).generate([y.prompt_tokens], SamplingParams(max_tokens=1))
-    assert engine.slots.hit_tokens - hits == 29
+    assert engine._slots.hit_tokens - hits == 29
 
 
 def test_a_cached_prefix_away_from_the_running_slots_is_copied_beside_them_and_kept() -> None:
@@ -242,11 +242,11 @@ def test_a_cached_prefix_away_from_the_running_slots_is_copied_beside_them_and_k
     engine.step()
     assert x.slot == 3
     follow_up = engine.add_request(a + prompt(8, 5), LONG)
-    hits = engine.slots.hit_tokens
+    hits = engine._slots.hit_tokens
     engine.step()
     assert follow_up.slot == 2, "beside the running slot 3, not in slot 0 (a gap of two)"
-    assert engine.slots.hit_tokens - hits == 30
-    assert engine.backend.kv[0][:30] == a, "the copy's source keeps a's KV for the next request that shares it"
+    assert engine._slots.hit_tokens - hits == 30
+    assert engine._backend.kv[0][:30] == a, "the copy's source keeps a's KV for the next request that shares it"
 
 
 def test_head_of_line_bypass_is_bounded() -> None:

@@ -109,7 +109,7 @@ def test_only_the_base_model_without_adapters() -> None:
         e.add_request("x", PARAMS, lora=1)
     request: Request = e.add_request("x", PARAMS)
     list(LLM(e).run())
-    assert e.scheduler.adapters is None and len(request.output_tokens) == 12
+    assert e._scheduler.adapters is None and len(request.output_tokens) == 12
 
 
 def test_an_engine_sets_the_adapter_whatever_another_left_on_the_backend() -> None:

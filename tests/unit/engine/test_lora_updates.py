@@ -43,15 +43,15 @@ def engine(**config) -> Engine:
 
 def test_an_adapter_loaded_while_serving_runs_its_requests(adapter_file: str) -> None:
     e = engine()
-    index = e.adapters.load(adapter_file)
+    index = e._adapters.load(adapter_file)
     base, tuned = e.add_request(PROMPT, PARAMS), e.add_request(PROMPT, PARAMS, lora=index)
     list(LLM(e).run())
     assert base.output_tokens != tuned.output_tokens
     assert {t.plan.lora for t in e.ticks} == {0, index}
     with pytest.raises(FileNotFoundError, match=r"No adapter found for .*\.missing"):
-        e.adapters.load(adapter_file + ".missing")
+        e._adapters.load(adapter_file + ".missing")
     with pytest.raises(ValueError, match=r"could not load a LoRA adapter for this model from README\.md"):
-        e.adapters.load("README.md")
+        e._adapters.load("README.md")
 
 
 def cached_twice(e: Engine, lora: int) -> list[int]:
@@ -69,8 +69,8 @@ def test_failed_loads_use_up_no_adapter_index(adapter_file: str) -> None:
     e = engine()
     for _ in range(MAX_ADAPTER_INDEX + 10):
         with pytest.raises(ValueError, match="could not load"):
-            e.adapters.load("README.md")
-    index = e.adapters.load(adapter_file)
+            e._adapters.load("README.md")
+    index = e._adapters.load(adapter_file)
     assert index == 1
     cached_twice(e, index)
 
@@ -79,38 +79,38 @@ def test_the_last_adapter_index_serves_and_one_more_is_refused(adapter_file: str
     """The prefix cache keys an adapter's tokens in 32 bits: the last index still fits them, the next load
     is refused (a ValueError: a 400) instead of overflowing them on the engine's thread."""
     e = engine()
-    e.backend._next_lora = MAX_ADAPTER_INDEX
-    last = e.adapters.load(adapter_file)
+    e._backend._next_lora = MAX_ADAPTER_INDEX
+    last = e._adapters.load(adapter_file)
     assert last == MAX_ADAPTER_INDEX
     cached_twice(e, last)
     with pytest.raises(ValueError, match=f"has loaded {MAX_ADAPTER_INDEX} LoRA adapters, the most it can"):
-        e.adapters.load(adapter_file)
-    assert sorted(e.backend.loras) == [last]  # the refused one freed at once
+        e._adapters.load(adapter_file)
+    assert sorted(e._backend.loras) == [last]  # the refused one freed at once
     cached_twice(e, last)
 
 
 def test_an_unloaded_adapter_finishes_its_requests_then_is_freed(adapter_file: str) -> None:
     e = engine()
-    index = e.adapters.load(adapter_file)
+    index = e._adapters.load(adapter_file)
     running = e.add_request(PROMPT, PARAMS, lora=index)
     e.step()
-    e.adapters.unload(index)
+    e._adapters.unload(index)
     with pytest.raises(ValueError, match=f"LoRA adapter {index} is not loaded"):
         e.add_request(PROMPT, PARAMS, lora=index)
-    assert index in e.backend.loras  # still in use
+    assert index in e._backend.loras  # still in use
     list(LLM(e).run())
     assert running.finish_reason is FinishReason.LENGTH and len(running.output_tokens) == 12
-    assert index not in e.backend.loras and e.backend.lora == 0
+    assert index not in e._backend.loras and e._backend.lora == 0
 
 
 def test_an_unused_adapter_is_freed_at_once_and_its_index_never_comes_back(adapter_file: str) -> None:
     e = engine()
-    first = e.adapters.load(adapter_file)
+    first = e._adapters.load(adapter_file)
     request = e.add_request(PROMPT, PARAMS, lora=first)
     list(LLM(e).run())
-    e.adapters.unload(first)
-    assert first not in e.backend.loras
-    again = e.adapters.load(adapter_file)
+    e._adapters.unload(first)
+    assert first not in e._backend.loras
+    again = e._adapters.load(adapter_file)
     assert again != first
     # The prefix the first one computed is not the second one's (the cache keys KV by adapter index).
     second = e.add_request(PROMPT, PARAMS, lora=again)
@@ -173,7 +173,7 @@ def test_bad_loads_and_unloads_are_refused_by_name(api: TestClient, route: str, 
 
 def test_a_load_past_the_last_adapter_index_is_a_400_and_the_engine_serves_on(api: TestClient,
                                                                               adapter_file: str) -> None:
-    api.app.state.server.client.engine.backend._next_lora = MAX_ADAPTER_INDEX + 1
+    api.app.state.server.client.engine._backend._next_lora = MAX_ADAPTER_INDEX + 1
     refused = api.post("/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": adapter_file})
     assert refused.status_code == 400 and "restart the server to load more" in refused.json()["error"]["message"]
     assert complete(api, "first")["choices"][0]["text"] and api.get("/health").status_code == 200
@@ -270,7 +270,7 @@ def test_calls_waiting_for_the_engine_thread_end_with_it(ending: str, message: s
         await thread.call(lambda engine: setattr(engine, "step", held_tick))
         thread.submit([([1, 2, 3], PARAMS)])  # its tick holds the engine thread
         await asyncio.sleep(0.05)
-        waiting = thread.call(lambda engine: engine.adapters.enabled)
+        waiting = thread.call(lambda engine: engine._adapters.enabled)
         stopping = asyncio.create_task(asyncio.to_thread(thread.stop)) if ending == "stop" else None
         await asyncio.sleep(0.05)
         gate.set()

@@ -64,7 +64,7 @@ def test_async_scheduling_gives_the_synchronous_outputs(seed: int, chunk: int, d
     list(LLM(overlapped).run())
     assert outputs(got) == outputs(expected)
     assert any(r.finish_reason is FinishReason.STOP for r in got), "the workload must stop some requests early"
-    assert overlapped.slots.n_free == 4 and not overlapped.has_work
+    assert overlapped._slots.n_free == 4 and not overlapped.has_work
 
 
 def test_only_a_request_that_stops_early_rides_an_extra_row() -> None:
@@ -90,7 +90,7 @@ def test_abort_with_a_decode_in_flight_frees_the_slot_and_the_slot_serves_again(
         engine.step()
     engine.abort(victim.id)
     engine.step()
-    assert victim.finish_reason is FinishReason.ABORT and engine.slots.n_free == 1
+    assert victim.finish_reason is FinishReason.ABORT and engine._slots.n_free == 1
     assert len(victim.output_tokens) == len(victim.token_times), "no stand-in token is left behind"
     (after,) = LLM(engine).generate([[3, 4, 6]], SamplingParams(max_tokens=5, ignore_eos=True))
     (alone,) = LLM(make_engine(False, slots=1)).generate([[3, 4, 6]], SamplingParams(max_tokens=5, ignore_eos=True))
@@ -109,18 +109,18 @@ def test_a_failed_decode_in_flight_drops_the_plan_built_on_it(code: int) -> None
     got = [engine.add_request(p, params) for p, params in items]
     list(LLM(engine).run())
     failed = [r for r in got if r.state is RequestState.FAILED]
-    assert bool(failed) == (code != 1) and engine.scheduler.preemptions > 0
+    assert bool(failed) == (code != 1) and engine._scheduler.preemptions > 0
     assert all("decode failed" in r.error for r in failed)
     survivors = [(g, e) for g, e in zip(got, expected, strict=True) if g not in failed]
     assert outputs([g for g, _ in survivors]) == outputs([e for _, e in survivors])
-    assert engine.slots.n_free == 4
+    assert engine._slots.n_free == 4
 
 
 def test_decode_rows_feed_the_token_sampled_the_tick_before() -> None:
     """The batch is filled before that token exists: the rows must get it once it does."""
     engine = make_engine(True, slots=2)
     LLM(engine).generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=6, ignore_eos=True))
-    fed = [b.tokens for b in engine.backend.batches]
+    fed = [b.tokens for b in engine._backend.batches]
     assert all(t >= 0 for batch in fed for t in batch)
     decode_ticks = [t for t in engine.ticks if all(c.kind is ChunkKind.DECODE for c in t.plan.chunks)]
     assert len(decode_ticks) == 5

@@ -27,7 +27,7 @@ def test_each_prompt_position_is_scored_once(chunk: int, fail_on_calls: set[int]
     plain = LLM(Engine(FakeBackend(n_seq_max=2, n_ctx_seq=128), EngineConfig(max_slots=2))).generate(
         PROMPTS, SamplingParams(max_tokens=3, ignore_eos=True))
     runs = LLM(engine).generate(PROMPTS, scored)
-    assert engine.scheduler.preemptions == len(fail_on_calls)
+    assert engine._scheduler.preemptions == len(fail_on_calls)
     for run, clean, prompt in zip(runs, plain, PROMPTS, strict=True):
         assert [e.token for e in run.prompt_logprobs] == prompt[1:]
         assert [e.logprob for e in run.prompt_logprobs] == pytest.approx(expected(prompt), abs=1e-5)

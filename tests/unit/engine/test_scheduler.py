@@ -40,7 +40,7 @@ def test_long_prompt_is_split_256_256_188_at_chunk_256() -> None:
         [(0, "decode", 700, 1)],
     ]
     # Only the chunk that completes the prompt asks for logits, and only on its last row.
-    wants = [b.want_logits for b in engine.backend.batches]
+    wants = [b.want_logits for b in engine._backend.batches]
     assert [sum(w) for w in wants] == [0, 0, 1, 1] and wants[2][-1]
 
 
@@ -69,7 +69,7 @@ def test_budget_caps_prefill_across_requests() -> None:
         engine.add_request(prompt(200, seed), params(1))
     engine.step()
     assert shape(engine) == [[(0, "prefill", 0, 200), (1, "prefill", 0, 100)]]
-    assert engine.scheduler.waiting[0].id == 2, "no budget left: the third request waits without a slot"
+    assert engine._scheduler.waiting[0].id == 2, "no budget left: the third request waits without a slot"
     assert (engine.ticks[0].n_running, engine.ticks[0].n_waiting) == (2, 1)
 
 

@@ -80,7 +80,7 @@ def run(params: SamplingParams, spec: SpecConfig = NO_SPEC, drafter=None, slots:
         backend: FakeBackend | None = None, prompts: list[str] = PROMPTS) -> tuple[list[RequestOutput], Engine]:
     engine = Engine(backend or FakeBackend(n_seq_max=slots), EngineConfig(max_slots=slots, spec=spec))
     if drafter is not None:
-        engine.scheduler.drafter = drafter
+        engine._scheduler.drafter = drafter
     return LLM(engine).generate(prompts, params), engine
 
 
@@ -103,7 +103,7 @@ def test_guesses_keep_greedy_outputs(params: SamplingParams, device_argmax: bool
     assert [r.text for r in out] == [r.text for r in ref]
     assert [r.finish_reason for r in out] == [r.finish_reason for r in ref]
     assert [r.logprobs for r in out] == [r.logprobs for r in ref]
-    assert 0 < engine.executor.n_accepted_tokens < engine.executor.n_draft_tokens  # right and wrong guesses both ran
+    assert 0 < engine._executor.n_accepted_tokens < engine._executor.n_draft_tokens  # right and wrong guesses both ran
     assert len(engine.ticks) < len(run(params)[1].ticks)
 
 
@@ -118,7 +118,7 @@ def test_a_request_that_ends_inside_its_guesses_leaves_only_its_tokens_in_kv() -
     (out,), engine = run(stopping, SpecConfig(4), Oracle([ref.token_ids], n=8), backend=backend,
                          prompts=[prompt])
     assert out.token_ids == expected.token_ids and out.stop_reason == stop_id
-    assert engine.executor.n_accepted_tokens > 0
+    assert engine._executor.n_accepted_tokens > 0
     # The slot keeps the request's prefix for reuse: exactly its tokens but the last (never fed).
     (slot_kv,) = [kv for kv in backend.kv.values() if kv]
     assert slot_kv == (backend.tokenize(prompt) + list(out.token_ids))[:-1]
@@ -132,14 +132,14 @@ def test_only_greedy_requests_in_small_batches_guess() -> None:
     refs = [r.token_ids for r in reference(params)]
     # Two requests decoding together: max_batch 1 guesses never, 2 does.
     _, engine = run(params, SpecConfig(4), Oracle(refs, max_batch=1), slots=2)
-    assert engine.executor.n_draft_tokens == 0
+    assert engine._executor.n_draft_tokens == 0
     _, engine = run(params, SpecConfig(4), Oracle(refs, max_batch=2), slots=2)
-    assert engine.executor.n_draft_tokens > 0
+    assert engine._executor.n_draft_tokens > 0
     for other in (SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.8, seed=1),
                   SamplingParams(max_tokens=30, ignore_eos=True, min_tokens=5),
                   SamplingParams(max_tokens=30, ignore_eos=True, repetition_penalty=1.3)):
         _, engine = run(other, SpecConfig(4), Oracle(refs))
-        assert engine.executor.n_draft_tokens == 0
+        assert engine._executor.n_draft_tokens == 0
 
 
 def test_guesses_fit_the_batch() -> None:
@@ -147,10 +147,10 @@ def test_guesses_fit_the_batch() -> None:
     refs = [r.token_ids for r in reference(params)]
     backend = FakeBackend(n_seq_max=4, n_batch=6)  # 4 decode rows leave 2 for guesses
     engine = Engine(backend, EngineConfig(max_slots=4, n_batch=6, prefill_chunk_tokens=6, spec=SpecConfig(4)))
-    engine.scheduler.drafter = Oracle(refs)
+    engine._scheduler.drafter = Oracle(refs)
     out = LLM(engine).generate(PROMPTS, params)
     assert [r.token_ids for r in out] == refs
-    assert max(len(b.tokens) for b in backend.batches) <= 6 and engine.executor.n_draft_tokens > 0
+    assert max(len(b.tokens) for b in backend.batches) <= 6 and engine._executor.n_draft_tokens > 0
 
 
 def test_no_guess_runs_past_max_tokens() -> None:
@@ -175,7 +175,7 @@ def test_no_guess_runs_past_the_context() -> None:
     (out,), engine = run(params, SpecConfig(8), Oracle([list(ref.token_ids) + [5] * 20], n=8), slots=1,
                          backend=backend, prompts=[prompt])
     assert (out.token_ids, out.finish_reason) == (ref.token_ids, FinishReason.LENGTH)
-    assert engine.executor.n_accepted_tokens > 0
+    assert engine._executor.n_accepted_tokens > 0
     assert max(max(b.positions) for b in backend.batches) == 40 - 2  # the last output is sampled, never fed
 
 
@@ -196,7 +196,7 @@ def test_prompt_lookup_end_to_end() -> None:
     prompt, expected = lookup_friendly_prompt(params)
     (out,), engine = run(params, SpecConfig(3), prompts=[prompt], slots=1)
     assert out.token_ids == expected
-    assert engine.executor.n_accepted_tokens > len(expected) // 2
+    assert engine._executor.n_accepted_tokens > len(expected) // 2
 
 
 def test_the_server_counts_guesses_in_its_metrics() -> None:

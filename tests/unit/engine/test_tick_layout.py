@@ -89,7 +89,7 @@ def test_the_layout_keeps_most_of_the_prefill_tokens_a_tick() -> None:
 def test_a_unified_kv_keeps_every_chunk() -> None:
     """One KV stream: llama.cpp runs any tick in one pass, so nothing is laid out."""
     engine = make_engine(True, unified=True)
-    assert engine.scheduler.layout is None
+    assert engine._scheduler.layout is None
     serve(engine, 2)
     old = make_engine(False, unified=True)
     serve(old, 2)

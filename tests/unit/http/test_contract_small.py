@@ -211,8 +211,8 @@ def test_a_salt_restores_no_other_salt_s_prefix_from_host_memory() -> None:
     prompts = [prompt(30, s) for s in range(3)]
     for p in prompts:
         LLM(engine).generate([p], salted("a"))
-    assert len(engine.slots.host) >= 1, "the first prompt's KV went to host memory"
+    assert len(engine._slots.host) >= 1, "the first prompt's KV went to host memory"
     assert LLM(engine).generate([prompts[0]], salted("b"))[0].cached_tokens == 0
     assert LLM(engine).generate([prompts[0]], salted(None))[0].cached_tokens == 0
     assert LLM(engine).generate([prompts[0]], salted("a"))[0].cached_tokens == 29
-    assert engine.slots.host.hit_tokens == 29
+    assert engine._slots.host.hit_tokens == 29

@@ -46,7 +46,7 @@ def engine_of(server) -> Engine:
 def arm_decode_failure(engine: Engine) -> None:
     """Fail one decode call soon. Not the next index: a call may be in flight (sleeping in SlowBackend)
     and already counted, or about to be; the one after it is certainly in the future."""
-    backend = engine.backend
+    backend = engine._backend
     backend.fail_on_calls = {len(backend.batches) + 1}
 
 

@@ -57,7 +57,7 @@ def engine(request: pytest.FixtureRequest) -> Engine:
 
 
 def matchers(engine: Engine) -> dict:
-    return engine.executor.sampler.guide._matchers
+    return engine._executor.sampler.guide._matchers
 
 
 @pytest.mark.parametrize("kind", sorted(GRAMMARS))
@@ -94,7 +94,7 @@ def test_a_constrained_request_leaves_its_neighbours_rows_alone(engine: Engine) 
 def test_logprobs_of_a_constrained_request_are_the_models_own(engine: Engine, sampling: dict) -> None:
     """Reported from the logits as the model wrote them, before the mask: the model's favourite tokens are listed
     with their logprobs though the grammar refused them."""
-    backend: FakeBackend = engine.backend
+    backend: FakeBackend = engine._backend
     (run,) = LLM(engine).generate(["hello"], SamplingParams(max_tokens=60, grammar=GRAMMARS["schema"], logprobs=5,
                                                        **sampling))
     assert run.finish_reason is FinishReason.STOP and follows("schema", run.text)
