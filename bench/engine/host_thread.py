@@ -22,8 +22,9 @@ from sleeping_backend import PROMPT, build_engine, cpu_seconds
 
 from cobali import SamplingParams
 from cobali.config.flags import positive_float, positive_int
+from cobali.engine.core import settle_heap
+from cobali.engine.messages import TickSummary
 from cobali.engine.outputs import RequestOutput
-from cobali.frontend.client import settle_heap
 from cobali.http.prometheus import ServerMetrics
 
 
@@ -44,7 +45,7 @@ def measure(args: argparse.Namespace) -> None:
     engine = build_engine(args.concurrency, 0.005, 49152, overlap=True)
     metrics = ServerMetrics()
     metrics.attach(engine.stats)
-    engine.on_tick = metrics.tick_done
+    engine.on_tick = lambda record: metrics.tick_done(TickSummary.of(record))
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
 
     def refill() -> None:

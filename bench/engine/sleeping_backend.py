@@ -115,6 +115,7 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
     import uvicorn
 
     from cobali.frontend.client import EngineClient
+    from cobali.frontend.transports import ThreadCore
     from cobali.http.app import create_app
     from cobali.http.config import ServerConfig
     from cobali.http.serve import configure_logging
@@ -140,7 +141,8 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
 
     signal.signal(signal.SIGUSR1, dump)
     config = ServerConfig(served_model_name="sleeping", max_queue=4 * concurrency, stream_interval=stream_interval)
-    app = create_app(config, EngineClient(factory, max_queue=config.max_queue, stream_interval=stream_interval))
+    app = create_app(config, EngineClient(ThreadCore(factory), max_queue=config.max_queue,
+                                          stream_interval=stream_interval))
     configure_logging()  # a line per request and uvicorn's access log, as `cobali serve` writes them
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="info")
 

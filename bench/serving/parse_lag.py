@@ -33,12 +33,13 @@ import logging, sys, uvicorn
 from cobali.backends.fake import FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.frontend.transports import ThreadCore
 from cobali.frontend.client import EngineClient
 from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
 app = create_app(ServerConfig(served_model_name="fake", max_queue=None),
-                 EngineClient(lambda: Engine(FakeBackend(n_seq_max=4, n_ctx_seq=4096, n_batch=64),
-                                             EngineConfig(max_slots=4, n_batch=64))))
+                 EngineClient(ThreadCore(lambda: Engine(FakeBackend(n_seq_max=4, n_ctx_seq=4096, n_batch=64),
+                                             EngineConfig(max_slots=4, n_batch=64)))))
 logging.disable(logging.WARNING)  # a body of unknown fields is logged once per request
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """

@@ -23,6 +23,7 @@ from cobali.engine.costs import CostProfile
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.executor import Executor, StepResult
 from cobali.engine.kv import SlotPool
+from cobali.engine.messages import AddRequest
 from cobali.engine.outputs import EngineStats, RequestOutput, final_output_of, output_of
 from cobali.engine.overlap import Pipeline
 from cobali.engine.plan import ChunkKind, Plan, TickRecord
@@ -121,16 +122,27 @@ class Engine:
                     lora: int = 0) -> Request:
         """Queue a request; thread-safe. Raises ValueError for a prompt that can never run. stream_interval: its
         new text goes out every this many tokens (the first text at once) and at its end; None: at its end only.
-        lora: its adapter, 0: none. Returns the engine's own record of it: a frontend keeps only its id."""
-        assert stream_interval is None or stream_interval >= 1, stream_interval
-        params = params or SamplingParams()
-        self._adapters.check(lora)
-        request = Request(next(self._ids), self.tokenizer.prompt_tokens(prompt), params, priority=priority,
-                          lora=lora, stream_interval=stream_interval,
-                          arrival_time=self.clock() if arrival_time is None else arrival_time)
+        lora: its adapter, 0: none. Returns the engine's own record of it, for the engine's tests: a frontend
+        keeps only its id (or sends add() a message with an id of its own)."""
+        request_id = next(self._ids)
+        self.add(AddRequest(request_id, self.tokenizer.prompt_tokens(prompt), params or SamplingParams(),
+                            self.clock() if arrival_time is None else arrival_time, priority, stream_interval, lora))
+        return self._requests[request_id]
+
+    def add(self, message: AddRequest) -> None:
+        """Queue a request whose id its sender chose (one engine takes ids from one sender); thread-safe. Raises
+        ValueError for a prompt that can never run."""
+        assert message.stream_interval is None or message.stream_interval >= 1, message.stream_interval
+        self._adapters.check(message.lora)
+        tokens = self.tokenizer.prompt_tokens(message.prompt_tokens)  # checked again: ids and length, O(n)
+        request = Request(message.request_id, tokens, message.params, priority=message.priority, lora=message.lora,
+                          stream_interval=message.stream_interval, arrival_time=message.arrival_time)
         self._requests[request.id] = request
         self._inbox.append(request)
-        return request
+
+    def abort_all(self) -> None:
+        """Every request added and not ended ends at the next tick; thread-safe."""
+        self._aborts.extend(list(self._requests))
 
     def abort(self, request_id: int) -> None:
         """Ask for a request to end at the next tick, freeing its slot and KV; thread-safe."""

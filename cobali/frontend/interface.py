@@ -4,8 +4,8 @@ engine or a backend (tests/unit/test_layers.py checks it)."""
 from __future__ import annotations
 
 from cobali.engine.adapters import AdapterLimit
+from cobali.engine.messages import TickSummary
 from cobali.engine.outputs import EngineStats, RequestOutput, RequestStats
-from cobali.engine.plan import TickRecord
 from cobali.engine.request import FinishReason
 from cobali.engine.sampling import TokenLogprob
 from cobali.engine.sampling_params import SamplingParams
@@ -14,4 +14,4 @@ from cobali.engine.tokenizer import Tokenizer
 from cobali.engine.views import ModelInfo, SlotState
 
 __all__ = ["AdapterLimit", "EngineSetup", "EngineStats", "FinishReason", "ModelInfo", "RequestOutput", "RequestStats",
-           "SamplingParams", "SlotState", "TickRecord", "TokenLogprob", "Tokenizer"]
+           "SamplingParams", "SlotState", "TickSummary", "TokenLogprob", "Tokenizer"]

@@ -13,7 +13,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from cobali.frontend.interface import EngineStats, FinishReason, RequestOutput, RequestStats, TickRecord
+from cobali.frontend.interface import EngineStats, FinishReason, RequestOutput, RequestStats, TickSummary
 from cobali.harness.latency import request_timing
 from cobali.http.loop_lag import LoopLagMonitor
 
@@ -61,18 +61,21 @@ class ServerMetrics:
         self.tick_max_s = 0.0
         Gauge("cobali:tick_duration_max_seconds", "The longest tick since the server started.",
               registry=registry).set_function(lambda: self.tick_max_s)
+        self.engine_restarts = counter("engine_restarts", "Times the engine's process died and was restarted.")
         self.loop_lag = LoopLagMonitor(registry)  # started and stopped with the app (its lifespan)
 
-    def attach(self, stats: Callable[[], EngineStats]) -> None:
-        """Called on the engine thread once the model is loaded."""
+    def attach(self, stats: Callable[[], EngineStats | None]) -> None:
+        """Where the engine's latest gauges and totals are read (None until the engine has sent them)."""
         self.engine.stats = stats
 
-    def tick_done(self, record: TickRecord) -> None:
-        self.iteration_tokens.observe(record.plan.n_tokens)
-        self.iteration_requests.observe(len(record.plan.chunks))
-        seconds = record.end - record.start
-        self.tick_duration.observe(seconds)
-        self.tick_max_s = max(self.tick_max_s, seconds)  # one writer: the engine thread
+    def tick_done(self, tick: TickSummary) -> None:
+        self.iteration_tokens.observe(tick.n_tokens)
+        self.iteration_requests.observe(tick.n_requests)
+        self.tick_duration.observe(tick.seconds)
+        self.tick_max_s = max(self.tick_max_s, tick.seconds)  # one writer: the client's receiving thread
+
+    def engine_restarted(self) -> None:
+        self.engine_restarts.inc()
 
     def request_finished(self, output: RequestOutput) -> None:
         """Called on the engine's threads with a request's final output."""
@@ -116,7 +119,7 @@ class EngineMetrics:
     model is loaded the gauges read 0 and the totals are left out."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.stats: Callable[[], EngineStats] | None = None  # set once the model is loaded
+        self.stats: Callable[[], EngineStats | None] | None = None  # set once the model is loaded
         registry.register(self)
 
     def collect(self) -> Iterator[Metric]:

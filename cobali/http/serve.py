@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from cobali.frontend.chat_template import JinjaChatTemplate
 from cobali.frontend.client import EngineClient
 from cobali.frontend.interface import EngineSetup
+from cobali.frontend.transports import ThreadCore
 from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
 
@@ -83,7 +84,7 @@ def build_app(spec: EngineSetup, server: ServerConfig) -> FastAPI:
     # The --grammar-* flags are the server's; the engine's compiler holds every constraint to them.
     spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, grammar_limits=server.grammar))
     server = dataclasses.replace(server, served_model_name=model_name)
-    return create_app(server, EngineClient(spec.build_engine, max_queue=server.max_queue,
+    return create_app(server, EngineClient(ThreadCore(spec.build_engine), max_queue=server.max_queue,
                                            stream_interval=server.stream_interval))
 
 

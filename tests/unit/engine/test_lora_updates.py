@@ -4,6 +4,7 @@ the fake backend, where adapter i moves every greedy token by 7 * i."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from cobali.frontend.client import EngineClient, EngineState
 from cobali.frontend.errors import APIError
 from cobali.frontend.generation import EngineUnavailable
 from cobali.frontend.offline import LLM
+from cobali.frontend.transports import ThreadCore
 from cobali.http.config import ServerConfig
 from cobali.http.state import LoraNames, ServerContext
 from tests.unit.http.test_server_api import fake_app, wait_healthy
@@ -173,7 +175,7 @@ def test_bad_loads_and_unloads_are_refused_by_name(api: TestClient, route: str, 
 
 def test_a_load_past_the_last_adapter_index_is_a_400_and_the_engine_serves_on(api: TestClient,
                                                                               adapter_file: str) -> None:
-    api.app.state.server.client.engine._backend._next_lora = MAX_ADAPTER_INDEX + 1
+    api.app.state.server.client.transport.engine._backend._next_lora = MAX_ADAPTER_INDEX + 1
     refused = api.post("/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": adapter_file})
     assert refused.status_code == 400 and "restart the server to load more" in refused.json()["error"]["message"]
     assert complete(api, "first")["choices"][0]["text"] and api.get("/health").status_code == 200
@@ -209,15 +211,14 @@ def test_a_load_whose_handler_is_cancelled_still_names_its_adapter(adapter_file:
         async with app.router.lifespan_context(app):
             while thread.state is not EngineState.READY:
                 await asyncio.sleep(0.01)
-            held = thread.call(lambda _engine: gate.wait(10))  # the engine thread busy until the gate opens
+            hold_the_engine_thread(thread, gate)  # busy in a tick until the gate opens
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
                 load = asyncio.create_task(client.post("/v1/load_lora_adapter",
                                                        json={"lora_name": "tuned", "lora_path": adapter_file}))
                 await asyncio.sleep(0.1)
                 load.cancel()
                 gate.set()
-                await held
-                await thread.call(lambda _engine: None)  # after the load
+                await thread.slot_states()  # answered after the load
                 await asyncio.sleep(0.05)
                 assert "tuned" in app.state.server.loras and not app.state.server.loras.reserved
                 response = await client.post("/v1/completions", json={"model": "tuned", "prompt": "x",
@@ -226,6 +227,21 @@ def test_a_load_whose_handler_is_cancelled_still_names_its_adapter(adapter_file:
             assert load.cancelled()
 
     asyncio.run(scenario())
+
+
+def hold_the_engine_thread(thread: EngineClient, gate: threading.Event) -> None:
+    """The engine's next tick waits for the gate (a request submitted to make one)."""
+    engine = thread.transport.engine
+    assert engine is not None
+    step = engine.step
+
+    def held() -> list:
+        gate.wait(10)
+        engine.step = step  # type: ignore[method-assign]
+        return step()
+
+    engine.step = held  # type: ignore[method-assign]
+    thread.submit([([1, 2, 3], PARAMS)])
 
 
 def test_the_routes_are_off_unless_asked_for() -> None:
@@ -255,7 +271,7 @@ def test_a_model_unloaded_while_its_request_was_read_is_a_404_not_the_base_model
                                              ("stop", "shutting down")])
 def test_calls_waiting_for_the_engine_thread_end_with_it(ending: str, message: str) -> None:
     """A load or unload queued when the engine thread dies or stops is answered (503), never left waiting."""
-    thread = EngineClient(lambda: Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2)))
+    thread = EngineClient(ThreadCore(lambda: Engine(FakeBackend(n_seq_max=2), EngineConfig(max_slots=2))))
     thread.start()
     gate = threading.Event()
 
@@ -267,19 +283,24 @@ def test_calls_waiting_for_the_engine_thread_end_with_it(ending: str, message: s
     async def scenario() -> None:
         while thread.state is not EngineState.READY:
             await asyncio.sleep(0.01)
-        await thread.call(lambda engine: setattr(engine, "step", held_tick))
+        engine = thread.transport.engine
+        step, engine.step = engine.step, held_tick  # type: ignore[method-assign,union-attr]
         thread.submit([([1, 2, 3], PARAMS)])  # its tick holds the engine thread
         await asyncio.sleep(0.05)
-        waiting = thread.call(lambda engine: engine._adapters.enabled)
+        waiting = thread.slot_states()
         stopping = asyncio.create_task(asyncio.to_thread(thread.stop)) if ending == "stop" else None
         await asyncio.sleep(0.05)
+        engine.step = step  # type: ignore[method-assign,union-attr]
         gate.set()
-        with pytest.raises(EngineUnavailable, match=message):
-            await asyncio.wait_for(waiting, 5)
-        with pytest.raises(EngineUnavailable):
-            thread.call(lambda engine: None)
-        if stopping is not None:
+        if ending == "crash":
+            with pytest.raises(EngineUnavailable, match=message):
+                await asyncio.wait_for(waiting, 5)
+        else:  # queued before the stop: answered between the last ticks, or refused by the stop, never left waiting
+            with contextlib.suppress(EngineUnavailable):
+                await asyncio.wait_for(waiting, 5)
             await stopping
+        with pytest.raises(EngineUnavailable, match=message):
+            await thread.slot_states()
 
     try:
         asyncio.run(scenario())

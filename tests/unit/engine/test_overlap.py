@@ -19,6 +19,7 @@ from cobali.engine.request import FinishReason, Request, RequestState
 from cobali.engine.sampling_params import SamplingParams
 from cobali.frontend.client import EngineClient, EngineState
 from cobali.frontend.offline import LLM
+from cobali.frontend.transports import ThreadCore
 
 
 def make_engine(overlap: bool, slots: int = 4, chunk: int = 512, **backend_kw) -> Engine:
@@ -146,7 +147,7 @@ def test_async_scheduling_hands_a_token_to_its_stream_while_the_next_decode_runs
         return Engine(backend, EngineConfig(max_slots=2, n_batch=64, async_scheduling=True))
 
     async def client() -> str:
-        thread = EngineClient(factory)
+        thread = EngineClient(ThreadCore(factory))
         thread.start()
         while thread.state is EngineState.LOADING:
             await asyncio.sleep(0.01)

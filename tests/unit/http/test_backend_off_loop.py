@@ -95,7 +95,7 @@ def test_an_embedding_run_on_the_event_loop_is_caught(watched: tuple[TestClient,
     client, backend = watched
 
     async def inline(self: EngineClient, inputs: list[list[int]]) -> np.ndarray:
-        return self.require_engine().embed(inputs)
+        return self.transport.engine.embed(inputs)
 
     monkeypatch.setattr(EngineClient, "embed", inline)
     assert client.post("/v1/embeddings", json=BODIES["/v1/embeddings"]).status_code == 200

@@ -78,7 +78,7 @@ def test_a_lone_surrogate_anywhere_is_a_400_naming_its_field_before_any_work(
     thread = api.app.state.server.client
     work: list[str] = []
     monkeypatch.setattr(thread, "submit", lambda *a, **k: work.append("submit"))
-    monkeypatch.setattr(thread, "call", lambda *a, **k: work.append("call"))
+    monkeypatch.setattr(thread, "_call", lambda *a, **k: work.append("call"))
     reply = post_json(api, path, body)
     assert reply["status"] == 400 and reply["error"]["param"] == param, reply
     assert "lone surrogate" in reply["error"]["message"] and not work

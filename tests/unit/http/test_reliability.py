@@ -38,7 +38,7 @@ soak = soak_module()
 
 
 def engine_of(server) -> Engine:
-    engine = server.config.app.state.server.client.engine
+    engine = server.config.app.state.server.client.transport.engine
     assert engine is not None
     return engine
 
@@ -76,7 +76,7 @@ def test_a_failed_decode_fails_its_batch_and_the_engine_keeps_serving() -> None:
         thread = threading.Thread(target=lambda: waiter.append(client.post(
             "/v1/completions", json={"prompt": "w", "max_tokens": 3, "ignore_eos": True})))
         thread.start()
-        wait_for(lambda: engine_of(server).scheduler.waiting)
+        wait_for(lambda: engine_of(server)._scheduler.waiting)
         arm_decode_failure(engine_of(server))
         assert "injected failure" in sse_error(hog)
         thread.join(10)
@@ -94,7 +94,7 @@ def test_no_kv_slot_for_a_lone_request_fails_it_cleanly() -> None:
     """llama.cpp's code 1 with nothing to preempt: the request fails, the next one runs."""
     with live_server(max_slots=1) as (client, server), stream(client, LONG) as hog:
         first_event(hog)
-        engine_of(server).backend.fail_code = 1
+        engine_of(server)._backend.fail_code = 1
         arm_decode_failure(engine_of(server))
         assert "no KV slot" in sse_error(hog)
         assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
@@ -108,7 +108,7 @@ def test_an_engine_crash_ends_open_streams_and_health_says_503(caplog: pytest.Lo
         def crash(*_args: object) -> None:
             raise RuntimeError("the GPU fell off")
 
-        engine_of(server).backend.decode = crash
+        engine_of(server)._backend.decode = crash
         assert sse_error(lines) == ENGINE_FAILED
         health = client.get("/health")
         assert health.status_code == 503 and health.json()["error"]["message"] == ENGINE_FAILED
@@ -132,7 +132,7 @@ def shutdown_under_load(grace_s: float, max_tokens: int, min_done: int) -> soak.
         load = threading.Thread(target=lambda: asyncio.run(soak.run_load(str(client.base_url), options, report)))
         load.start()
         wait_for(lambda: sum(report.outcomes.values()) >= min_done
-                 and len(engine_of(server).scheduler.running) >= 4, timeout_s=20)
+                 and len(engine_of(server)._scheduler.running) >= 4, timeout_s=20)
         server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
         load.join(30)
         assert not load.is_alive()

@@ -18,6 +18,7 @@ from cobali.engine.engine_config import EngineConfig
 from cobali.engine.sampling_params import SamplingParams
 from cobali.frontend.client import EngineClient
 from cobali.frontend.offline import LLM
+from cobali.frontend.transports import ThreadCore
 from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
 
@@ -32,7 +33,8 @@ def fake_engine(backend: FakeBackend | None = None, **config) -> Callable[[], En
 def fake_app(engine: Callable[[], Engine], name: str = "fake-model", **server: Any) -> FastAPI:
     """The app over an engine client of its own, as serve.build_app builds them; the test makes the engine."""
     config = ServerConfig(served_model_name=name, **server)
-    return create_app(config, EngineClient(engine, max_queue=config.max_queue, stream_interval=config.stream_interval))
+    return create_app(config, EngineClient(ThreadCore(engine), max_queue=config.max_queue,
+                                           stream_interval=config.stream_interval))
 
 
 def wait_healthy(client: TestClient) -> None:

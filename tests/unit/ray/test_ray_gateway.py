@@ -148,9 +148,9 @@ def test_a_client_leaving_mid_stream_frees_the_replica_slot() -> None:
             messages = call_app(app, request)
             assert (await anext(messages))["status"] == 200
             assert (await anext(messages))["body"].startswith(b"data: ")  # a token: the request holds a slot
-            assert len(thread.engine._scheduler.running) == 1
+            assert len(thread.transport.engine._scheduler.running) == 1
             await messages.aclose()  # what a cancelled Ray stream does
-            await until(lambda: not thread.engine._scheduler.running)
+            await until(lambda: not thread.transport.engine._scheduler.running)
 
     asyncio.run(run())
 
