@@ -109,8 +109,8 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     """The app around an engine client built at the CLI edge (serve.build_app), which loads the model on its
     thread: the thread starts with the app, so /health answers 503 while the model loads, and stops with it.
     config.served_model_name names the model (the CLI edge fills it in when the flag left it out); what one
-    request may cost, who may call and how streams are held to their clients are config's too (README, "Bounded
-    cost")."""
+    request may cost, who may call and how streams are held to their clients are config's too
+    (docs/configuration.md, "Bounded cost")."""
     if config.served_model_name is None:
         raise ValueError("create_app needs the served model's name: ServerConfig.served_model_name")
     pool = WorkPool(config.preprocess)

@@ -20,7 +20,7 @@ from cobali.structured.grammars import JSON_OBJECT_GRAMMAR
 # How many choices, logprobs, stop strings, ... a request may ask for is the operator's (request_limits.py): the
 # routes check it, since a body's validation cannot see the server's flags.
 C_INT_MAX = 2**31 - 1  # top_k reaches llama.cpp as a C int: a larger value would crash the engine thread
-MAX_PRIORITY = 1000  # `priority` in [-MAX_PRIORITY, MAX_PRIORITY] (README): vLLM documents no range
+MAX_PRIORITY = 1000  # `priority` in [-MAX_PRIORITY, MAX_PRIORITY] (docs/serving.md): vLLM documents no range
 MAX_CACHE_SALT = 256  # characters: a salt names a tenant, it is no place for data
 
 
