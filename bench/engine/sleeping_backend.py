@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
+import functools
 import json
 import os
 import re
@@ -31,6 +33,9 @@ from host_overhead import NullBackend
 
 from cobali import Engine, EngineConfig, SamplingParams
 from cobali.engine.plan import TickRecord
+from cobali.engine.tokenizer import Tokenizer
+from cobali.engine.views import ModelInfo
+from cobali.structured.compiler import GrammarCompiler
 
 PROMPT = "a short prompt of some thirty-two characters"
 
@@ -107,42 +112,64 @@ def run_engine(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
 
 # ---- through the server -----------------------------------------------------------------------------
 
+TICKS: list[Tick] = []  # in the process that runs the engine: the server's, or the engine's own
+
+
+def timed_engine(concurrency: int, sleep_s: float, n_vocab: int, overlap: bool, ticks_file: str) -> Engine:
+    """The server's engine, its ticks' times kept in TICKS and written to ticks_file when its process ends.
+    Module-level: an engine in a process of its own is built by name."""
+    engine = build_engine(concurrency, sleep_s, n_vocab, overlap=overlap)
+    close_tick = engine.close_tick
+
+    def keep_times(record: TickRecord, seconds: float | None) -> None:
+        # The server's metrics own on_tick: the times are taken on the way to it.
+        TICKS.append((record.start, record.decode_start, record.decode_end, len(record.plan.chunks)))
+        close_tick(record, seconds)
+
+    engine.close_tick = keep_times  # type: ignore[method-assign]
+    atexit.register(dump_ticks, ticks_file)
+    return engine
+
+
+def dump_ticks(ticks_file: str) -> None:
+    with open(ticks_file, "w") as f:
+        json.dump(TICKS, f)
+
+
+def null_text_side(concurrency: int, n_vocab: int, model: ModelInfo) -> tuple[Tokenizer, GrammarCompiler]:
+    """The frontend's own vocabulary, when the engine runs in a process of its own."""
+    vocabulary = SleepingBackend(concurrency, 0.0, n_vocab)
+    return (Tokenizer(vocabulary, model.max_model_len, model.context_hint),
+            GrammarCompiler(vocabulary.guidance_tokenizer))
+
+
 def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks_file: str,
-                stream_interval: int, overlap: bool) -> None:
-    """The child process: the server's app around a sleeping engine; its decode times go to ticks_file."""
+                stream_interval: int, overlap: bool, engine_process: bool) -> None:
+    """The child process: the server's app around a sleeping engine (on a thread of its own, or in a process of
+    its own); its decode times go to ticks_file."""
     import signal
 
     import uvicorn
 
     from cobali.frontend.client import EngineClient
-    from cobali.frontend.transports import ThreadCore
+    from cobali.frontend.engine_process import ProcessCore
+    from cobali.frontend.transports import ThreadCore, Transport
     from cobali.http.app import create_app
     from cobali.http.config import ServerConfig
     from cobali.http.serve import configure_logging
 
-    ticks: list[Tick] = []
+    factory = functools.partial(timed_engine, concurrency, sleep_s, n_vocab, overlap, ticks_file)
+    transport: Transport = (ProcessCore(factory, functools.partial(null_text_side, concurrency, n_vocab))
+                            if engine_process else ThreadCore(factory))
 
-    def factory() -> Engine:
-        engine = build_engine(concurrency, sleep_s, n_vocab, overlap=overlap)
-        close_tick = engine.close_tick
-
-        def keep_times(record: TickRecord, seconds: float | None) -> None:
-            # The server's metrics own on_tick: the times are taken on the way to it.
-            ticks.append((record.start, record.decode_start, record.decode_end, len(record.plan.chunks)))
-            close_tick(record, seconds)
-
-        engine.close_tick = keep_times  # type: ignore[method-assign]
-        return engine
-
-    def dump(*_args) -> None:
-        with open(ticks_file, "w") as f:
-            json.dump(ticks, f)
+    def stop(*_args) -> None:
+        if not engine_process:  # else the engine's process writes them as it ends, its server gone
+            dump_ticks(ticks_file)
         os._exit(0)
 
-    signal.signal(signal.SIGUSR1, dump)
+    signal.signal(signal.SIGUSR1, stop)
     config = ServerConfig(served_model_name="sleeping", max_queue=4 * concurrency, stream_interval=stream_interval)
-    app = create_app(config, EngineClient(ThreadCore(factory), max_queue=config.max_queue,
-                                          stream_interval=stream_interval))
+    app = create_app(config, EngineClient(transport, max_queue=config.max_queue, stream_interval=stream_interval))
     configure_logging()  # a line per request and uvicorn's access log, as `cobali serve` writes them
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="info")
 
@@ -207,13 +234,14 @@ def wait_healthy(port: int, timeout_s: float = 60) -> None:
 
 
 def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int, n_vocab: int, port: int,
-               stream_interval: int, overlap: bool = False) -> dict:
+               stream_interval: int, overlap: bool = False, engine_process: bool = False) -> dict:
     ticks_file = tempfile.mktemp(suffix=".json")
     with tempfile.TemporaryFile("w+") as log:  # the server's log lines (and access log), shown only if it fails
         child = subprocess.Popen([sys.executable, __file__, "--child", str(port), "--concurrency", str(concurrency),
                                   "--sleep-ms", str(sleep_s * 1e3), "--n-vocab", str(n_vocab), "--ticks-file",
                                   ticks_file, "--stream-interval", str(stream_interval)]
-                                 + ["--async-scheduling"] * overlap, stdout=log, stderr=log)
+                                 + ["--async-scheduling"] * overlap + ["--engine-process"] * engine_process,
+                                 stdout=log, stderr=log)
         try:
             wait_healthy(port)
             start, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(child.pid), time.process_time()
@@ -229,12 +257,17 @@ def run_server(concurrency: int, sleep_s: float, seconds: float, max_tokens: int
         finally:
             child.send_signal(__import__("signal").SIGUSR1)
             child.wait(30)
+    for _ in range(100):  # an engine in its own process writes them once it sees its server gone
+        if os.path.exists(ticks_file) and os.path.getsize(ticks_file):
+            break
+        time.sleep(0.1)
     with open(ticks_file) as f:
         ticks = [tuple(t) for t in json.load(f)]
     os.unlink(ticks_file)
     t0, t1 = start + seconds / 4, start + seconds
     delivered = sum(n for t, n in arrivals if t0 <= t < t1)
-    return {"concurrency": concurrency, "path": "server" + " async" * overlap, **measured(ticks, t0, t1, sleep_s),
+    path = "server" + " async" * overlap + " process" * engine_process
+    return {"concurrency": concurrency, "path": path, **measured(ticks, t0, t1, sleep_s),
             "tokens_per_s": delivered / (t1 - t0), "server_cpu": server_cpu, "client_cpu": client_cpu,
             "server_cpu_us_per_token": per_token_us}
 
@@ -258,6 +291,8 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action="store_true",
                         help="also run the engine with async scheduling (the next tick planned during the decode), "
                              "and the server with it")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="the server's engine in a process of its own (as `cobali serve --engine-process`)")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--stream-interval", type=int, default=1, help="the server's --stream-interval")
     parser.add_argument("--json", default=None, help="write the rows here")
@@ -267,7 +302,7 @@ def main() -> None:
     sleep_s = args.sleep_ms / 1e3
     if args.child is not None:
         serve_child(args.child, args.concurrency[0], sleep_s, args.n_vocab, args.ticks_file, args.stream_interval,
-                    args.async_scheduling)
+                    args.async_scheduling, args.engine_process)
         return
     rows = []
     print(f"{'path':>12} {'in flight':>9} {'backend busy':>13} {'rows/tick':>9} {'tick ms':>7} {'overrun ms':>10} "
@@ -278,7 +313,7 @@ def main() -> None:
             paths.append(run_engine(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, overlap=True))
         if args.serve:
             paths.append(run_server(n, sleep_s, args.seconds, args.max_tokens, args.n_vocab, args.port,
-                                    args.stream_interval, args.async_scheduling))
+                                    args.stream_interval, args.async_scheduling, args.engine_process))
         for row in paths:
             rows.append(row)
             cpu = (f"  CPU cores used: server {row['server_cpu']:.2f}, clients {row['client_cpu']:.2f}; "

@@ -135,3 +135,29 @@ def test_a_message_the_engine_cannot_read_is_dropped_and_it_serves_on() -> None:
         assert core.restarts == []
 
     run(scenario)
+
+
+def test_the_server_says_restarting_counts_restarts_and_ends_a_stream_in_band() -> None:
+    from fastapi.testclient import TestClient
+
+    from cobali.http.app import create_app
+    from cobali.http.config import ServerConfig
+
+    core = ProcessCore(functools.partial(slow_engine, 1), text_side, first_backoff_s=1.0)
+    app = create_app(ServerConfig(served_model_name="m"), EngineClient(core))
+    with TestClient(app) as http:
+        deadline = time.monotonic() + READY_WITHIN_S
+        while http.get("/health").status_code != 200:
+            assert time.monotonic() < deadline, "never ready"
+            time.sleep(0.05)
+        with http.stream("POST", "/v1/completions", json={"prompt": "go", "max_tokens": 4000, "ignore_eos": True,
+                                                          "stream": True}) as stream:
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # a token: the request runs
+            assert core.pid is not None
+            os.kill(core.pid, signal.SIGKILL)
+            rest = list(lines)
+        assert any("restarting" in line and '"error"' in line for line in rest)
+        health = http.get("/health")  # within the 1 s backoff: the next engine has not started yet
+        assert health.status_code == 503 and "restarting" in health.text
+        assert "cobali:engine_restarts_total 1.0" in http.get("/metrics").text
