@@ -1,5 +1,5 @@
-"""`serve`'s and `run-batch`'s flags for what one request may cost (docs/configuration.md, "Bounded cost"), and the limits built
-from them. Argparse-level imports only, as flags.py."""
+"""`serve`'s and `run-batch`'s flags for what one request may cost (docs/configuration.md, "Bounded cost"), and
+the limits built from them. Argparse-level imports only, as flags.py."""
 
 from __future__ import annotations
 

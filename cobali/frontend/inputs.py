@@ -50,7 +50,7 @@ class ReplyReader:
 
     def whole(self, text: str) -> ReplyDelta:
         """A whole reply; beside calls, its content without the whitespace around them. O(text): the routes run
-        it on the worker pool (cobali.http.routes.completions.read_off_loop)."""
+        it on the worker pool (cobali.http.generation.read_off_loop)."""
         read = self.parsers.parse(text, self.prompt, self.tools)
         return read._replace(content=read.content.strip()) if read.calls else read
 

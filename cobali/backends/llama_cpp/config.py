@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # KV cells per sequence when no total is given, capped at the model's training context: 16 slots of 2048 are a
-# known, modest KV budget for any model (docs/configuration.md: "Context and memory"); --fit, --ctx and --kv-unified give more.
+# known, modest KV budget for any model (docs/configuration.md: "Context and memory"); --fit, --ctx and
+# --kv-unified give more.
 DEFAULT_CTX_PER_SEQ = 2048
 
 # KV cache types as llama-server spells them (--cache-type-k/-v): bytes per block and values per block (ggml's).

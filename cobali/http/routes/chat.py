@@ -12,10 +12,10 @@ from fastapi.responses import Response
 from cobali.frontend.inputs import ChatChoices, InputProcessor, ReplyReader
 from cobali.frontend.request_limits import RequestLimits
 from cobali.http.disconnect import cancelled_on_disconnect
+from cobali.http.generation import generate, generation_body, inputs_for, preprocessed
 from cobali.http.parse import json_body
 from cobali.http.protocol.chat import ChatCompletionRequest
 from cobali.http.render.replies import CHAT
-from cobali.http.routes.completions import generate, generation_body, inputs_for, preprocessed
 
 router = APIRouter()
 

@@ -1,159 +1,22 @@
-"""POST /v1/completions, and the HTTP side of the generation path it shares with /v1/chat/completions and
-/v1/responses: the body parsed off the loop, its inputs prepared on the worker pool (cobali.frontend.inputs),
-the generation submitted to the engine client (cobali.frontend.client), the reply whole or streamed."""
+"""POST /v1/completions: prompts (text or token ids) tokenized as sent, their replies all content; the prompts
+echoed back when asked. The generation path it shares with the other routes is cobali/http/generation.py."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from cobali.frontend.client import EngineState
-from cobali.frontend.errors import APIError, unknown_model
-from cobali.frontend.generation import Generation, GenerationError
 from cobali.frontend.inputs import Choices, InputProcessor
-from cobali.frontend.request_limits import RequestLimits, check_request
-from cobali.frontend.work_pool import client_of
-from cobali.http.auth import keyed_choices
-from cobali.http.disconnect import cancelled_on_disconnect, client_watch
-from cobali.http.event_stream import EventStream
-from cobali.http.parse import json_body, parse_body
-from cobali.http.protocol.completions import CompletionRequest, GenerationRequest
-from cobali.http.protocol.unknown_fields import ignored_fields_headers
-from cobali.http.render.logprobs import LogprobWriter, prompt_logprobs
-from cobali.http.render.replies import COMPLETION, Kind, Reply, sse
-from cobali.http.state import ServerContext
-
-T = TypeVar("T")
-G = TypeVar("G", bound=GenerationRequest)
+from cobali.frontend.request_limits import RequestLimits
+from cobali.http.disconnect import cancelled_on_disconnect
+from cobali.http.generation import generate, generation_body, inputs_for, preprocessed
+from cobali.http.parse import json_body
+from cobali.http.protocol.completions import CompletionRequest
+from cobali.http.render.replies import COMPLETION
 
 router = APIRouter()
-
-
-class ReplyUnread(GenerationError):
-    """The worker pool did not read a finished reply (busy, or over --preprocess-timeout): its client is told
-    as the pool's error says, in-band where a stream has begun."""
-
-    def __init__(self, error: APIError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-    def api_error(self) -> APIError:
-        return self.error
-
-
-async def read_off_loop(http: Request, work: Callable[[], T]) -> T:
-    """work() (a whole reply through its parsers, n of them for n choices, or a stream's last read with the
-    parsers' finish) on the worker pool: on the event loop a long reply would stall every other stream."""
-    server: ServerContext = http.app.state.server
-    try:
-        return await server.pool.run(client_of(http), work)
-    except APIError as err:
-        raise ReplyUnread(err) from err
-
-
-async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
-    try:
-        if (opening := reply.opening()) is not None:
-            yield opening
-        async for outputs in reply.generation.batches():  # one write for all that arrived together
-            read = functools.partial(reply.read, outputs)
-            reads = await read_off_loop(http, read) if reply.finishes_reading(outputs) else read()
-            chunk = "".join(map(reply.delta_chunk, outputs, reads))
-            if not reply.generation.unfinished:  # the last text: the stream's end rides in the same write
-                chunk += (reply.chunk([], reply.usage()) if include_usage else "") + "data: [DONE]\n\n"
-            yield chunk
-    except GenerationError as err:  # headers are sent: report in-band, as OpenAI streams do
-        yield sse(err.api_error().body())
-
-
-def inputs_for(http: Request, model: str | None) -> InputProcessor:
-    """How requests are prepared for the model a request names: this server's. Like OpenAI, an unknown model is
-    a 404, not silently served by whatever is loaded; leaving `model` out is allowed. Then a 503 unless the engine
-    is ready."""
-    server: ServerContext = http.app.state.server
-    if not server.serves(model):
-        raise unknown_model(str(model), server.model_name)
-    return server.inputs()
-
-
-async def preprocessed(http: Request, inputs: InputProcessor, body: GenerationRequest, n_prompts: int,
-                       work: Callable[[], T]) -> T:
-    """work() (tokenizing, the chat template, the grammar) on the worker pool, once the body is within the
-    operator's limits and the queue has room for its choices: both checked first in the same job (the limits
-    measure O(body) text), so a request over them, or a full server, costs nothing more."""
-    server: ServerContext = http.app.state.server
-
-    def checked() -> T:
-        check_request(body, server.config.limits, server.config.grammar, inputs.model.n_vocab)
-        server.client.check_room(n_prompts * body.n)  # reads a length: safe off the loop
-        return work()
-
-    return await server.pool.run(client_of(http), checked)
-
-
-def refuse_when_full(http: Request) -> None:
-    """QueueFull if not even one more request fits: before a generation's body is parsed, its choices unknown
-    (preprocessed counts them). An engine not ready is left to the route, whose 404 comes before its 503."""
-    client = http.app.state.server.client
-    if client.state is EngineState.READY:
-        client.check_room(1)
-
-
-async def generation_body(http: Request, model: type[G]) -> G:
-    """A generation route's body, parsed on the worker pool unless the queue is already full."""
-    refuse_when_full(http)
-    return await parse_body(http, model)
-
-
-def submit(http: Request, body: GenerationRequest, prepared: Choices) -> Generation:
-    """The request's choices (prompts x n), queued on the engine under its key's prefix cache, and aborted the
-    moment the client goes."""
-    server: ServerContext = http.app.state.server
-    prepared = keyed_choices(http.scope, prepared, server.config.shared_prefix_cache)
-    generation = server.client.submit(prepared, body.priority, server.lora_of(body.model))
-    client_watch(http).on_gone(generation.abort)
-    return generation
-
-
-def event_stream(http: Request, events: AsyncIterator[str], headers: dict[str, str],
-                 generation: Generation) -> EventStream:
-    """A generation's stream, under the operator's limits on a client that stops reading."""
-    server: ServerContext = http.app.state.server
-    return EventStream(events, headers, generation, server.config.send_timeout_s,
-                       server.config.max_stream_buffer_chars)
-
-
-async def until_finished(generation: Generation) -> None:
-    """Until the generation is over (a non-streamed reply); aborted if this is cancelled or fails."""
-    try:
-        async for _ in generation.events():
-            pass
-    finally:
-        generation.abort()  # a no-op when everything finished
-
-
-async def generate(http: Request, inputs: InputProcessor, body: GenerationRequest, prepared: Choices,
-                   kind: Kind, echoes: list[str] | None = None) -> Response:
-    server: ServerContext = http.app.state.server
-    generation = submit(http, body, prepared)
-    logprobs = None
-    if (k := prepared[0][1].logprobs) is not None:
-        logprobs = LogprobWriter(inputs.tokenizer.token_bytes, kind.chat, len(prepared), k,
-                                 echoed=None if echoes is None else [tokens for tokens, _ in prepared])
-    reply = Reply(kind, server.model_id(body.model), generation, body.n, logprobs,
-                  None if echoes is None else [e for e in echoes for _ in range(body.n)], body.continuous_usage,
-                  None if body.prompt_logprobs is None else functools.partial(
-                      prompt_logprobs, token_bytes=inputs.tokenizer.token_bytes, k=body.prompt_logprobs))
-    headers = ignored_fields_headers(body)
-    if body.stream:
-        return event_stream(http, _stream(http, reply, body.include_usage), headers, generation)
-    await until_finished(generation)
-    return JSONResponse(await read_off_loop(http, reply.full) if kind.replies is not None else reply.full(),
-                        headers=headers)
 
 
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))

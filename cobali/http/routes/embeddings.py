@@ -17,10 +17,10 @@ from pydantic import Field, model_validator
 from cobali.frontend.errors import bad_request
 from cobali.frontend.inputs import InputProcessor
 from cobali.frontend.work_pool import client_of
+from cobali.http.generation import inputs_for
 from cobali.http.parse import json_body, parse_body
 from cobali.http.protocol.bodies import RequestBody, one_of, text_batch
 from cobali.http.protocol.unknown_fields import ignored_fields_headers
-from cobali.http.routes.completions import inputs_for
 from cobali.http.state import ServerContext
 
 MAX_INPUTS = 2048  # OpenAI's limit per request

@@ -11,35 +11,24 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from cobali.frontend.errors import bad_request
 from cobali.frontend.generation import Generation, GenerationError
 from cobali.frontend.inputs import InputProcessor, ReplyReader
 from cobali.frontend.request_limits import RequestLimits, check_tools
 from cobali.frontend.work_pool import client_of
 from cobali.http.disconnect import cancelled_on_disconnect
-from cobali.http.parse import json_body, parse_then
+from cobali.http.generation import read_off_loop, replied
+from cobali.http.parse import json_body
 from cobali.http.protocol.chat import ChatCompletionRequest
-from cobali.http.protocol.messages import CountTokensRequest, MessagesInput, MessagesRequest
+from cobali.http.protocol.messages import CountTokensRequest, MessagesRequest
 from cobali.http.protocol.unknown_fields import ignored_fields_headers
 from cobali.http.render import anthropic
-from cobali.http.routes.chat import chat_choices, chat_prompt
-from cobali.http.routes.completions import (
-    event_stream,
-    inputs_for,
-    preprocessed,
-    read_off_loop,
-    refuse_when_full,
-    submit,
-    until_finished,
-)
+from cobali.http.routes.as_chat import parsed_as_chat, submitted_as_chat
+from cobali.http.routes.chat import chat_prompt
 from cobali.http.state import ServerContext
-
-B = TypeVar("B", bound=MessagesInput)
 
 router = APIRouter()
 
@@ -84,29 +73,19 @@ class MessageReply:
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest))
 @cancelled_on_disconnect
 async def messages(http: Request) -> Response:
-    refuse_when_full(http)
-    body, translated = await parse_then(http, MessagesRequest, _with_chat)
-    inputs = inputs_for(http, body.model)
-    chat = _fitting(translated)
-    prepared = await preprocessed(http, inputs, chat, 1, functools.partial(chat_choices, http, inputs, chat))
-    generation = submit(http, chat, prepared.choices)
+    body, prepared, generation = await submitted_as_chat(http, MessagesRequest)
     server: ServerContext = http.app.state.server
     reply = MessageReply(generation, prepared.replies, server.model_id(body.model), len(prepared.choices[0][0]),
                          anthropic.message_id())
-    headers = ignored_fields_headers(body)
-    if body.stream:
-        return event_stream(http, reply.events(http), headers, generation)
-    await until_finished(generation)
-    return JSONResponse(await read_off_loop(http, reply.whole), headers=headers)
+    return await replied(http, body, generation, functools.partial(reply.events, http), reply.whole)
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
 @cancelled_on_disconnect  # a vanished client's count waiting for a worker is never run
 async def count_tokens(http: Request) -> JSONResponse:
-    body, translated = await parse_then(http, CountTokensRequest, _with_chat)
-    inputs = inputs_for(http, body.model)
+    body, chat, inputs = await parsed_as_chat(http, CountTokensRequest)
     server: ServerContext = http.app.state.server
-    work = functools.partial(_prompt_tokens, inputs, _fitting(translated), server.config.limits)
+    work = functools.partial(_prompt_tokens, inputs, chat, server.config.limits)
     count = await server.pool.run(client_of(http), work)
     return JSONResponse({"input_tokens": count}, headers=ignored_fields_headers(body))
 
@@ -116,18 +95,3 @@ def _prompt_tokens(inputs: InputProcessor, chat: ChatCompletionRequest, limits: 
     check_tools(chat.tools, limits)
     return len(inputs.prompt_tokens(chat_prompt(inputs, chat, limits), "messages"))
 
-
-def _with_chat(body: B) -> tuple[B, ChatCompletionRequest | ValueError]:
-    """On the worker that parsed it (the chat request validates it again); what does not fit is kept, to be
-    raised after the model's 404 or 503, in the order every route answers them."""
-    try:
-        return body, body.as_chat()
-    except ValueError as err:
-        return body, err
-
-
-def _fitting(chat: ChatCompletionRequest | ValueError) -> ChatCompletionRequest:
-    """The chat request, or the client's 400 naming what did not fit it."""
-    if isinstance(chat, ValueError):
-        raise bad_request(str(chat))
-    return chat

@@ -15,29 +15,18 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from cobali.frontend.errors import bad_request
 from cobali.frontend.generation import Generation, GenerationError
 from cobali.frontend.inputs import ReplyReader
 from cobali.frontend.interface import FinishReason
 from cobali.frontend.parsers.calls import ParsedCall
 from cobali.frontend.parsers.reply import ReplyDelta
 from cobali.http.disconnect import cancelled_on_disconnect
-from cobali.http.parse import json_body, parse_then
-from cobali.http.protocol.chat import ChatCompletionRequest
+from cobali.http.generation import read_off_loop, replied
+from cobali.http.parse import json_body
 from cobali.http.protocol.responses import FunctionChoice, ResponsesRequest
-from cobali.http.protocol.unknown_fields import ignored_fields_headers
-from cobali.http.routes.chat import chat_choices
-from cobali.http.routes.completions import (
-    event_stream,
-    inputs_for,
-    preprocessed,
-    read_off_loop,
-    refuse_when_full,
-    submit,
-    until_finished,
-)
+from cobali.http.routes.as_chat import submitted_as_chat
 
 router = APIRouter()
 REASONING, MESSAGE = "reasoning", "message"  # the kinds of text item
@@ -209,26 +198,7 @@ async def _events(http: Request, reply: ResponseObject) -> AsyncIterator[str]:
 @router.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
 @cancelled_on_disconnect
 async def responses(http: Request) -> Response:
-    refuse_when_full(http)
-    body, chat = await parse_then(http, ResponsesRequest, _as_chat)
-    inputs = inputs_for(http, body.model)
-    if isinstance(chat, ValueError):  # after the model's 404 or 503, as it always came
-        raise bad_request(str(chat))
-    prepared = await preprocessed(http, inputs, chat, 1, functools.partial(chat_choices, http, inputs, chat))
-    generation = submit(http, chat, prepared.choices)
+    body, prepared, generation = await submitted_as_chat(http, ResponsesRequest)
     reply = ResponseObject(body, http.app.state.server.model_id(body.model), generation,
                            len(prepared.choices[0][0]), prepared.replies)
-    headers = ignored_fields_headers(body)
-    if body.stream:
-        return event_stream(http, _events(http, reply), headers, generation)
-    await until_finished(generation)
-    return JSONResponse(await read_off_loop(http, reply.final), headers=headers)
-
-
-def _as_chat(body: ResponsesRequest) -> tuple[ResponsesRequest, ChatCompletionRequest | ValueError]:
-    """On the worker that parsed it (it validates the whole body again, as a chat request); what does not fit
-    is kept for the route to raise."""
-    try:
-        return body, body.as_chat()
-    except ValueError as err:
-        return body, err
+    return await replied(http, body, generation, functools.partial(_events, http, reply), reply.final)

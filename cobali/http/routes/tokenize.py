@@ -17,11 +17,11 @@ from pydantic import Field, model_validator
 from cobali.frontend.inputs import InputProcessor
 from cobali.frontend.request_limits import RequestLimits, check_tools
 from cobali.frontend.work_pool import client_of
+from cobali.http.generation import inputs_for
 from cobali.http.parse import json_body, parse_body
 from cobali.http.protocol.bodies import RequestBody
 from cobali.http.protocol.chat import ChatMessage, Tool
 from cobali.http.protocol.unknown_fields import ignored_fields_headers
-from cobali.http.routes.completions import inputs_for
 from cobali.http.state import ServerContext
 
 router = APIRouter()

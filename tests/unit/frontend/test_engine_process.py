@@ -157,7 +157,8 @@ def test_the_server_says_restarting_counts_restarts_and_ends_a_stream_in_band() 
             assert core.pid is not None
             os.kill(core.pid, signal.SIGKILL)
             rest = list(lines)
-        assert any("restarting" in line and '"error"' in line for line in rest)
+        events = [line for line in rest if line]
+        assert "restarting" in events[-2] and '"error"' in events[-2] and events[-1] == "data: [DONE]"
         health = http.get("/health")  # within the 1 s backoff: the next engine has not started yet
         assert health.status_code == 503 and "restarting" in health.text
         assert "cobali:engine_restarts_total 1.0" in http.get("/metrics").text

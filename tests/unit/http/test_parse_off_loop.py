@@ -13,8 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cobali.frontend import request_limits
-from cobali.http import parse
-from cobali.http.routes import completions as openai_routes
+from cobali.http import generation, parse
 from cobali.http.routes import tokenize as tokenizer_routes
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
@@ -54,7 +53,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, list
     """A client, and (what ran, whether on an event loop's thread) for the body's parse and the limit checks."""
     calls: list[tuple[str, bool]] = []
     monkeypatch.setattr(parse, "validated", _recording(calls, "parse", parse.validated))
-    monkeypatch.setattr(openai_routes, "check_request", _recording(calls, "check_request", openai_routes.check_request))
+    monkeypatch.setattr(generation, "check_request", _recording(calls, "check_request", generation.check_request))
     monkeypatch.setattr(tokenizer_routes, "check_tools", _recording(calls, "check_tools", request_limits.check_tools))
     with TestClient(fake_app(fake_engine(), "fake-model", runtime_lora=True)) as client:
         wait_healthy(client)

@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.testclient import TestClient
 
 from cobali.frontend.parsers.reply import ReplyParsers, ReplyStream
-from cobali.http.routes import completions
+from cobali.http import generation
 from tests.unit.http.test_parse_off_loop import _recording
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
@@ -63,7 +63,7 @@ def test_a_parse_on_the_loop_is_caught(recorded, monkeypatch: pytest.MonkeyPatch
     async def inline(_http: Request, work: Callable[[], Any]) -> Any:
         return work()
 
-    monkeypatch.setattr(completions, "read_off_loop", inline)
+    monkeypatch.setattr(generation, "read_off_loop", inline)
     assert client.post("/v1/chat/completions", json=REQUESTS["/v1/chat/completions"]).status_code == 200
     assert ("parse", True) in calls
     assert threading.current_thread() is threading.main_thread()  # the client's, not the app's loop: no false pass

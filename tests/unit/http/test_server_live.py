@@ -139,5 +139,6 @@ def test_requests_still_running_after_the_grace_period_get_an_error(overlap: boo
     with live_server(overlap=overlap, grace_s=0.2) as (client, server), stream(client, LONG) as lines:
         first_event(lines)
         server.handle_exit(signal.SIGTERM, None)
-        last = json.loads([line for line in lines if line][-1].removeprefix("data: "))
-        assert "shutting down" in last["error"]["message"]
+        *_, error, end = [line for line in lines if line]
+        assert "shutting down" in json.loads(error.removeprefix("data: "))["error"]["message"]
+        assert end == "data: [DONE]"  # after the error, the stream's end, as vLLM's streams do

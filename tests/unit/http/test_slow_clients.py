@@ -24,6 +24,7 @@ from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.generation import Generation, StreamOverflow
 from cobali.frontend.interface import RequestOutput
+from cobali.http import generation as pipeline
 from cobali.http.disconnect import only_our_cancel
 from cobali.http.routes import completions as openai_routes
 from cobali.http.routes import messages as anthropic_routes
@@ -185,7 +186,7 @@ def test_a_client_that_goes_before_submit_is_never_submitted(monkeypatch: pytest
     """The handler awaits the worker pool (tokenizing, the template, the grammar) before it submits: a client
     gone meanwhile has its handler cancelled there."""
     preparing, submitted = threading.Event(), threading.Event()
-    real_choices, real_submit = openai_routes._completion_choices, openai_routes.submit
+    real_choices, real_submit = openai_routes._completion_choices, pipeline.submit
 
     def slow_choices(*args, **kwargs):  # on a worker thread
         preparing.set()
@@ -197,7 +198,7 @@ def test_a_client_that_goes_before_submit_is_never_submitted(monkeypatch: pytest
         return real_submit(*args, **kwargs)
 
     monkeypatch.setattr(openai_routes, "_completion_choices", slow_choices)
-    monkeypatch.setattr(openai_routes, "submit", spied_submit)
+    monkeypatch.setattr(pipeline, "submit", spied_submit)
     with live() as (client, port):
         with request_socket(port, "/v1/completions", LONG):
             assert preparing.wait(3)
