@@ -18,7 +18,7 @@ WANT_LOGITS = 1  # the logits (a sampler chain, logprobs, prompt logprobs)
 WANT_ARGMAX = 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplerChain:
     """What a backend's sampler chain reads of one request: how its logits are reshaped, and the draw. Built from
     the engine's SamplingParams (SamplingParams.chain), which checks the values."""

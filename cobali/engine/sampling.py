@@ -130,7 +130,7 @@ class RowSampler:
     def _sampler_for(self, request_id: int, params: SamplingParams) -> TokenSampler:
         sampler = self._samplers.get(request_id)
         if sampler is None:
-            sampler = self._samplers[request_id] = self.backend.new_sampler(params.chain)
+            sampler = self._samplers[request_id] = self.backend.new_sampler(params)
         return sampler
 
     def forget(self, request_id: int) -> None:

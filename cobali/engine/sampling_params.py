@@ -3,31 +3,23 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 
 from cobali.backends.base import SamplerChain
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling and stopping. Validated on construction: bad values raise ValueError."""
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams(SamplerChain):
+    """Per-request sampling and stopping: the sampler chain's settings (the backend's part) and the engine's.
+    Validated on construction: bad values raise ValueError."""
 
     max_tokens: int = 16
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     grammar: str | None = None  # an llguidance grammar (cobali.structured.grammars): the output must follow it
     logprobs: int | None = None  # report each sampled token's logprob and this many top alternatives
     prompt_logprobs: int | None = None  # also each prompt token's logprob (after the first), with alternatives
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit before sampling)
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the output as an end-of-generation token does
     min_tokens: int = 0  # until this many are out, end tokens and stop_token_ids are never sampled, stop strings unseen
     include_stop_str: bool = False  # the stop string that ended the output ends its text too
@@ -69,11 +61,6 @@ class SamplingParams:
         # Past the grammar's end only an end token is allowed: an output that may not end has nowhere to go.
         _check(not (self.ignore_eos and self.grammar), "ignore_eos cannot be combined with a grammar "
                "(response_format json_object or json_schema, structured outputs, or a forced tool call)")
-
-    @cached_property
-    def chain(self) -> SamplerChain:
-        """What the backend's sampler chain reads (Backend.new_sampler)."""
-        return SamplerChain(**{f.name: getattr(self, f.name) for f in fields(SamplerChain)})
 
     @cached_property  # read for every sampled token
     def is_greedy(self) -> bool:
