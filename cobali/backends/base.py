@@ -63,9 +63,6 @@ class BackendInfo:
     # Most output rows one sequence may have in a decode (speculative decoding feeds 1 + its guesses); 0: any.
     max_outputs_per_seq: int = 0
     n_loras: int = 0  # LoRA adapters loaded with the model: indices 1..n_loras (more may come: Backend.load_lora)
-    # Bytes of the vocabulary's longest token (0: unknown): a text of more characters than the context's tokens
-    # times this cannot fit, and is refused before it is tokenized.
-    max_token_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,45 @@ class TokenSampler(Protocol):
     def close(self) -> None: ...
 
 
-class Backend(Protocol):
+class Vocabulary(Protocol):
+    """A model's text side: what tokenizing, detokenizing, prompting and compiling grammars read, and nothing
+    that decodes. Every Backend is one; a frontend in a process apart from the engine's holds one of its own (for
+    llama.cpp a vocabulary-only load: LlamaCppVocabulary). Thread-safe: it only reads the vocabulary."""
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def max_token_bytes(self) -> int:
+        """Bytes of the longest token (0: unknown): a text of more characters than the context's tokens times this
+        cannot fit, and is refused before it is tokenized."""
+        ...
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's text as a reply shows it: a control token's is empty."""
+        ...
+
+    def special_token_bytes(self, token: int) -> bytes:
+        """A token's text with a control token's written out (`<|im_start|>`): what a preserved token shows."""
+        ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """The prompt by the model's own template matcher (no tools); ValueError if it has none."""
+        ...
+
+    def chat_template_source(self) -> TemplateSource: ...
+
+    def guidance_tokenizer(self) -> LLTokenizer:
+        """The vocabulary as llguidance reads it (cobali.structured): built once, on the first constraint. It
+        may call into the vocabulary: not to be used after close()."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Vocabulary, Protocol):
     info: BackendInfo
 
     def decode(
@@ -166,27 +201,7 @@ class Backend(Protocol):
         """Boolean array over the vocabulary: True for end-of-generation tokens."""
         ...
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
-
-    def token_bytes(self, token: int) -> bytes:
-        """A token's text as a reply shows it: a control token's is empty."""
-        ...
-
-    def special_token_bytes(self, token: int) -> bytes:
-        """A token's text with a control token's written out (`<|im_start|>`): what a preserved token shows."""
-        ...
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """The prompt by the backend's own template matcher (no tools); ValueError if it has none."""
-        ...
-
-    def chat_template_source(self) -> TemplateSource: ...
-
     def new_sampler(self, chain: SamplerChain) -> TokenSampler: ...
-
-    def guidance_tokenizer(self) -> LLTokenizer:
-        """The vocabulary as llguidance reads it (cobali.structured): built once, on the first constraint."""
-        ...
 
     @property
     def embedding_limits(self) -> EmbeddingLimits: ...
@@ -195,5 +210,3 @@ class Backend(Protocol):
         """Pooled embeddings (not normalized), one row per input; each within embedding_limits. Thread-safe
         against decode (a context of its own) but not against itself."""
         ...
-
-    def close(self) -> None: ...

@@ -45,6 +45,13 @@ class StandInBackend(Backend):
     backend without a model answers alike: a member the protocol gains is added here once, for all of them. Each
     stand-in brings its own info, decode, batch_arrays, KV edits and vocabulary (tokenize, token_bytes, eog_mask)."""
 
+    # Unknown: a prompt is refused by its tokens only, never by its length in characters.
+    max_token_bytes = 0
+
+    @property
+    def n_vocab(self) -> int:
+        return self.info.n_vocab
+
     def argmax(self, logits: np.ndarray) -> np.ndarray:
         return logits.argmax(axis=1)
 

@@ -151,6 +151,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-stream-buffer", type=positive_int, default=DEFAULT_MAX_STREAM_BUFFER_CHARS,
                         metavar="CHARS", help="text a stream may hold for a client that falls behind; beyond it "
                         "the client is dropped, its request aborted")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="run the engine in a process of its own: a crash in llama.cpp then costs a restart "
+                             "(requests that had started end with an error, the others wait for it), not the server")
     parser.add_argument("--replicas", type=positive_int, default=1,
                         help="engines behind one endpoint, with Ray Serve (optional extra: pip install 'cobali[ray]')")
     parser.add_argument("--ray-address", default=None,
@@ -186,7 +189,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         allowed_origins=tuple(args.allowed_origins), ssl_keyfile=args.ssl_keyfile,
                         ssl_certfile=args.ssl_certfile,
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
-                        shutdown_grace_s=args.shutdown_grace, replicas=args.replicas, ray_address=args.ray_address,
+                        shutdown_grace_s=args.shutdown_grace, replicas=args.replicas,
+                        engine_process=args.engine_process, ray_address=args.ray_address,
                         chat_template=args.chat_template, stream_interval=args.stream_interval,
                         reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
                         lora_modules=tuple(args.lora_modules), runtime_lora=args.allow_runtime_lora_updating,

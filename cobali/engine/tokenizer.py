@@ -4,27 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cobali.backends.base import Backend
+from cobali.backends.base import Vocabulary
 
 
 class Tokenizer:
-    """The model's text side: tokens, their bytes, and the backend's own chat template matcher. Thread-safe
-    (it only reads the vocabulary), so the frontend's workers tokenize while the engine ticks."""
+    """The model's text side: tokens, their bytes, and the model's own chat template matcher, over a Vocabulary
+    (the engine's backend, or a vocabulary of the frontend's own). Thread-safe (it only reads the vocabulary), so
+    the frontend's workers tokenize while the engine ticks."""
 
-    def __init__(self, backend: Backend, max_model_len: int, context_hint: str) -> None:
-        self.n_vocab = backend.info.n_vocab
+    def __init__(self, vocabulary: Vocabulary, max_model_len: int, context_hint: str) -> None:
+        self.n_vocab = vocabulary.n_vocab
         self.max_model_len = max_model_len
         self.context_hint = context_hint
-        self._max_token_bytes = backend.info.max_token_bytes
-        self._backend = backend
-        self.token_bytes = backend.token_bytes  # bound once: logprobs read it for every token they show
+        self._max_token_bytes = vocabulary.max_token_bytes
+        self._vocabulary = vocabulary
+        self.token_bytes = vocabulary.token_bytes  # bound once: logprobs read it for every token they show
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
-        return self._backend.tokenize(text, add_special)
+        return self._vocabulary.tokenize(text, add_special)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """The backend's own template matcher (no tools): a model without a Jinja template is prompted with it."""
-        return self._backend.apply_chat_template(messages)
+        """The model's own template matcher (no tools): a model without a Jinja template is prompted with it."""
+        return self._vocabulary.apply_chat_template(messages)
 
     def control_token(self, tag: str) -> int | None:
         """The control token whose text `tag` is (one token, shown as no text unless its text is preserved), else

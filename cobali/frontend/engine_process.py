@@ -22,6 +22,7 @@ import zmq
 from cobali.engine.engine import Engine
 from cobali.engine.messages import ENCODER, FROM_CORE, Failed, FromCore, Ready, ToCore
 from cobali.engine.process import serve_core
+from cobali.engine.setup import EngineSetup
 from cobali.engine.tokenizer import Tokenizer
 from cobali.engine.views import ModelInfo
 from cobali.frontend.transports import Listener
@@ -144,3 +145,13 @@ class ProcessCore:
         if not self._stopping:
             self._spawn()
         return not self._stopping
+
+
+def model_text_side(setup: EngineSetup, model: ModelInfo) -> tuple[Tokenizer, GrammarCompiler]:
+    """The text side of the model `setup` loads, for the frontend's process: a vocabulary-only load (a sixth of
+    the model's memory, docs/results.md), and a compiler held to the engine's grammar limits."""
+    from cobali.backends.llama_cpp.vocab import LlamaCppVocabulary  # llama.cpp loads only when a model does
+
+    vocabulary = LlamaCppVocabulary.load(setup.backend)
+    return (Tokenizer(vocabulary, model.max_model_len, model.context_hint),
+            GrammarCompiler(vocabulary.guidance_tokenizer, setup.engine.grammar_limits))

@@ -33,6 +33,7 @@ class ServerConfig:
     served_model_name: str | None = None  # None: the GGUF file's name
     shutdown_grace_s: float = 30.0
     replicas: int = 1
+    engine_process: bool = False  # --engine-process: the engine in a process of its own, restarted when it dies
     ray_address: str | None = None
     chat_template: str | None = None  # --chat-template: the Jinja text, used instead of the model's own
     reasoning_parser: str = "auto"  # --reasoning-parser: a name, auto (from the chat template) or none

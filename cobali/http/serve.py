@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import logging
 import math
@@ -16,8 +17,9 @@ from fastapi import FastAPI
 
 from cobali.frontend.chat_template import JinjaChatTemplate
 from cobali.frontend.client import EngineClient
+from cobali.frontend.engine_process import ProcessCore, model_text_side
 from cobali.frontend.interface import EngineSetup
-from cobali.frontend.transports import ThreadCore
+from cobali.frontend.transports import ThreadCore, Transport
 from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
 
@@ -84,7 +86,10 @@ def build_app(spec: EngineSetup, server: ServerConfig) -> FastAPI:
     # The --grammar-* flags are the server's; the engine's compiler holds every constraint to them.
     spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, grammar_limits=server.grammar))
     server = dataclasses.replace(server, served_model_name=model_name)
-    return create_app(server, EngineClient(ThreadCore(spec.build_engine), max_queue=server.max_queue,
+    transport: Transport = ThreadCore(spec.build_engine)
+    if server.engine_process:
+        transport = ProcessCore(spec.build_engine, functools.partial(model_text_side, spec))
+    return create_app(server, EngineClient(transport, max_queue=server.max_queue,
                                            stream_interval=server.stream_interval))
 
 

@@ -22,7 +22,8 @@ CACHE_SIZE = 128  # compiled grammars kept: a copy of one costs far less than co
 
 class GrammarCompiler:
     def __init__(self, tokenizer: Callable[[], LLTokenizer], limits: GrammarLimits | None = None) -> None:
-        """tokenizer: builds the vocabulary's llguidance tokenizer, on first use (it reads every token)."""
+        """tokenizer: builds the vocabulary's llguidance tokenizer, on first use (it reads every token): a
+        Vocabulary's guidance_tokenizer, the engine's backend's or the frontend's own."""
         self.limits = limits = limits or GrammarLimits()
         self._make_tokenizer = tokenizer
         self._tokenizer: LLTokenizer | None = None

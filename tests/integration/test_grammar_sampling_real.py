@@ -218,7 +218,9 @@ def test_the_server_answers_a_grammar_that_allows_no_token_with_a_400() -> None:
         assert replies[0].json()["choices"][0]["text"] in ANIMALS_GBNF
         streamed = http.post("/v1/completions", json={"prompt": "Say something.", "max_tokens": 24, "stream": True,
                                                       "grammar": DEAD_END})
-        error = json.loads(streamed.text.strip().splitlines()[-1].removeprefix("data: "))["error"]
+        *_, last_event, end = [line for line in streamed.text.splitlines() if line]
+        assert end == "data: [DONE]"  # after the error event, the stream's end
+        error = json.loads(last_event.removeprefix("data: "))["error"]
         assert streamed.status_code == 200 and error["type"] == "invalid_request_error", streamed.text
         assert REFUSED in error["message"]
         assert complete(None).status_code == 200 and proc.poll() is None

@@ -37,7 +37,7 @@ def test_a_text_that_cannot_fit_the_context_is_refused_untokenized(backend: Llam
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine(backend, EngineConfig(max_slots=1))
     limit = engine._slots.accountant.seq_limit
-    too_long = "<|im_end|>" * (limit * backend.info.max_token_bytes // 10 + 1)
+    too_long = "<|im_end|>" * (limit * backend.max_token_bytes // 10 + 1)
     read: list[int] = []
     tokenize = backend.tokenize
     monkeypatch.setattr(backend, "tokenize", lambda text, *a: read.append(len(text)) or tokenize(text, *a))
@@ -45,4 +45,4 @@ def test_a_text_that_cannot_fit_the_context_is_refused_untokenized(backend: Llam
         engine.tokenizer.prompt_tokens(too_long)
     assert read == []  # refused unread: tokenized, a text this long costs seconds
     kept = engine.tokenizer.prompt_tokens(too_long, keep=8)  # truncate_prompt_tokens: only its end is read
-    assert len(kept) == 8 and read == [9 * backend.info.max_token_bytes]
+    assert len(kept) == 8 and read == [9 * backend.max_token_bytes]

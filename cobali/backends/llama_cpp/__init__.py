@@ -8,9 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_HOMES = {"LlamaCppBackend": "backend", "LlamaCppSampler": "sampler", "quantize_model": "tools"}
+_HOMES = {"LlamaCppBackend": "backend", "LlamaCppSampler": "sampler", "LlamaCppVocabulary": "vocab",
+          "quantize_model": "tools"}
 
-__all__ = ["LlamaCppBackend", "LlamaCppSampler", "quantize_model"]
+__all__ = ["LlamaCppBackend", "LlamaCppSampler", "LlamaCppVocabulary", "quantize_model"]
 
 
 def __getattr__(name: str) -> Any:

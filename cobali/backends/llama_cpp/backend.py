@@ -1,20 +1,17 @@
-"""The Backend over one llama.cpp model and context: decode, KV sequences, vocabulary, templates."""
+"""The Backend over one llama.cpp model and context: decode, KV sequences, adapters, sampling, embeddings; its
+text side (vocabulary, templates) is LlamaCppVocabulary's, over the same model."""
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import mmap
 import os
-import warnings
 
 import llama_cpp as ll
 import numpy as np
-from llguidance import LLTokenizer
-from llguidance.llamacpp import lltokenizer_from_vocab
 
-from cobali.backends.base import BackendInfo, BatchArrays, EmbeddingLimits, SamplerChain, TemplateSource
+from cobali.backends.base import Backend, BackendInfo, BatchArrays, EmbeddingLimits, SamplerChain
 from cobali.backends.embedded_model import embedded_model_path
 from cobali.backends.llama_cpp.batch import OwnedBatch, decode_batch
 from cobali.backends.llama_cpp.config import PREFILL_TILE, LlamaCppConfig
@@ -26,33 +23,33 @@ from cobali.backends.llama_cpp.kv_size import kv_bytes_per_token
 from cobali.backends.llama_cpp.loading import KvPlan, load_line, load_model, model_desc, new_context, plan_kv
 from cobali.backends.llama_cpp.sampler import LlamaCppSampler
 from cobali.backends.llama_cpp.tools import llama_logs
-from cobali.backends.llama_cpp.vocab import Tokenizer
+from cobali.backends.llama_cpp.vocab import LlamaCppVocabulary
 from cobali.backends.memory import gpu_present
 
 log = logging.getLogger("cobali.backend")
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(LlamaCppVocabulary, Backend):
+    """A vocabulary (its base) over the model loaded whole, with a context to decode in."""
+
     def __init__(self, options: LlamaCppConfig) -> None:
         model_path = options.model_path or embedded_model_path()
         logs = llama_logs(options.verbose)  # kept to say why a load failed; on stderr too with --verbose
         mark = logs.count
         ll.llama_backend_init()
         self.options = options
-        self.model = load_model(model_path, options)
-        self.vocab = ll.llama_model_get_vocab(self.model)
+        super().__init__(load_model(model_path, options))
         self.counter = DecodeCounter(options.n_seq_max) if options.count_decodes else None
         try:
             plan = plan_kv(self.model, options)
             self.ctx = new_context(self.model, options, plan, self.counter.eval_callback if self.counter else None)
         except ValueError:
-            ll.llama_model_free(self.model)
+            super().close()
             raise
         self.memory = ll.llama_get_memory(self.ctx)
         self._log_load(plan, logs.since(mark))
-        n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.info = BackendInfo(
-            n_vocab=n_vocab,
+            n_vocab=self.n_vocab,
             n_ctx=ll.llama_n_ctx(self.ctx),
             # A unified pool may outgrow the positions the model was trained for: no request goes past those.
             n_ctx_seq=min(ll.llama_n_ctx_seq(self.ctx), ll.llama_model_n_ctx_train(self.model)) if options.kv_unified
@@ -66,17 +63,14 @@ class LlamaCppBackend:
             # llama.cpp counts the outputs of sequences it samples itself only
             max_outputs_per_seq=options.max_outputs_per_seq if options.backend_sampling else 0,
             n_loras=len(options.lora_paths),
-            max_token_bytes=self.tokenizer.longest_piece,
         )
         self._loras = {index: self._load_lora(path) for index, path in enumerate(options.lora_paths, 1)}
         self._next_lora = len(self._loras) + 1  # an index is never used twice
         self._lora_in_use = 0
         self._batch = OwnedBatch(self.info.n_batch)
         self.device_greedy = DeviceGreedy(self.ctx, self.info.n_seq_max) if options.backend_sampling else None
-        self._pieces: dict[int, bytes] = {}
-        self._special_pieces: dict[int, bytes] = {}
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
-        self._last_logits = np.zeros((0, n_vocab), dtype=np.float32)  # the last decode's output rows
+        self._last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)  # the last decode's output rows
         self._embedder: Embedder | None = None
 
     def _log_load(self, plan: KvPlan, lines: list[tuple[int, str]]) -> None:
@@ -191,70 +185,6 @@ class LlamaCppBackend:
         if not ll.llama_state_seq_set_data(self.ctx, pointer, data.nbytes, seq_id):
             raise RuntimeError(f"llama.cpp could not restore {data.nbytes} bytes of KV into sequence {seq_id}")
 
-    # ---- vocabulary -------------------------------------------------------------------------------
-
-    def eog_mask(self) -> np.ndarray:
-        return np.array([ll.llama_vocab_is_eog(self.vocab, t) for t in range(self.info.n_vocab)], dtype=bool)
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self.tokenizer.tokenize(text, add_special)
-
-    @functools.cached_property
-    def tokenizer(self) -> Tokenizer:
-        return Tokenizer(self.vocab)
-
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            piece = self._pieces[token] = self._piece(token, special=False)
-        return piece
-
-    def special_token_bytes(self, token: int) -> bytes:
-        piece = self._special_pieces.get(token)
-        if piece is None:
-            piece = self._special_pieces[token] = self._piece(token, special=True)
-        return piece
-
-    def _piece(self, token: int, special: bool) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        template = ll.llama_model_chat_template(self.model, None)
-        if not template:
-            raise ValueError("the model has no chat template")
-        chat = (ll.llama_chat_message * len(messages))()
-        keep = []  # the C structs point into these bytes
-        for item, message in zip(chat, messages, strict=True):
-            role, content = message["role"].encode(), message["content"].encode()
-            keep += [role, content]
-            item.role, item.content = role, content
-        size = 1024 + 2 * sum(len(b) for b in keep)
-        buf = ctypes.create_string_buffer(size)
-        n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
-        if n < 0:
-            raise ValueError("the model's chat template is not supported by llama.cpp")
-        if n > size:
-            buf = ctypes.create_string_buffer(n)
-            n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, n)
-        return buf.raw[:n].decode("utf-8", errors="replace")
-
-    def chat_template_source(self) -> TemplateSource:
-        text = ll.llama_model_chat_template(self.model, None)
-        return TemplateSource(text.decode("utf-8", errors="replace") if text else None,
-                              self._special_text(ll.llama_vocab_bos(self.vocab)),
-                              self._special_text(ll.llama_vocab_eos(self.vocab)),
-                              bool(ll.llama_vocab_get_add_bos(self.vocab)))
-
-    def _special_text(self, token: int) -> str:
-        if token < 0:  # LLAMA_TOKEN_NULL: the model has no such token
-            return ""
-        return self.special_token_bytes(token).decode("utf-8", errors="replace")
-
     # ---- embeddings -------------------------------------------------------------------------------
 
     def embed(self, inputs: list[list[int]]) -> np.ndarray:
@@ -274,13 +204,6 @@ class LlamaCppBackend:
     def new_sampler(self, spec: SamplerChain) -> LlamaCppSampler:
         return LlamaCppSampler(self.ctx, self.vocab, spec)
 
-    def guidance_tokenizer(self) -> LLTokenizer:
-        """Every end-of-generation token ends a constrained output, as it ends any other."""
-        with warnings.catch_warnings():  # it calls a deprecated binding once per token: tens of thousands of warnings
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return lltokenizer_from_vocab(self.vocab, n_vocab=self.info.n_vocab,
-                                          eos_token=np.flatnonzero(self.eog_mask()).tolist())
-
     def close(self) -> None:
         if self._embedder is not None:
             self._embedder.close()
@@ -291,9 +214,7 @@ class LlamaCppBackend:
         if self.ctx:
             ll.llama_free(self.ctx)
             self.ctx = None
-        if self.model:
-            ll.llama_model_free(self.model)
-            self.model = None
+        super().close()  # the model, after every context made from it
 
 
 def _mapped_buffer(size: int) -> np.ndarray:

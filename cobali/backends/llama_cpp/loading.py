@@ -53,9 +53,11 @@ def gguf_architecture(path: str) -> str | None:
         return None
 
 
-def load_model(path: str, options: LlamaCppConfig):
+def load_model(path: str, options: LlamaCppConfig, vocab_only: bool = False):
+    """The model at `path`; vocab_only: its vocabulary and metadata alone (no tensor is read or allocated)."""
     check_gguf(path)
     params = ll.llama_model_default_params()
+    params.vocab_only = vocab_only
     gpu = options.n_gpu_layers
     params.n_gpu_layers = (999 if ll.llama_supports_gpu_offload() else 0) if gpu < 0 else gpu
     params.use_extra_bufts = options.use_extra_bufts
