@@ -18,6 +18,7 @@ from cobali.frontend.parsers.reasoning import (
     choose_reasoning_parser,
     reasoning_parser,
 )
+from cobali.frontend.parsers.stream import read_piece, read_whole
 from cobali.frontend.parsers.tools import ToolCallStream, ToolFormat, choose_tool_parser, tool_parser
 
 AUTO = "auto"  # a flag's default: the parser the chat template calls for
@@ -52,10 +53,7 @@ class ReplyParsers:
 
     def parse(self, text: str, prompt: str = "", tools: Iterable[str] | ToolSchemas = ()) -> ReplyDelta:
         """A whole reply: its reasoning, its content and its calls."""
-        stream = self.stream(prompt, tools)
-        fed, finished = stream.feed(text), stream.finish()
-        return ReplyDelta(fed.reasoning + finished.reasoning, fed.content + finished.content,
-                          fed.calls + finished.calls)
+        return read_whole(self.stream(prompt, tools), text)
 
 
 class ReplyStream:
@@ -76,9 +74,7 @@ class ReplyStream:
     def _content(self, reasoning: str, content: str, final: bool) -> ReplyDelta:
         if self._tools is None:
             return ReplyDelta(reasoning, content)
-        read = self._tools.feed(content) if content else None
-        if final:
-            last = self._tools.finish()
-            text = (read.content if read else "") + last.content
-            return ReplyDelta(reasoning, text, (read.calls if read else ()) + last.calls)
-        return ReplyDelta(reasoning, read.content, read.calls) if read else ReplyDelta(reasoning)
+        if not content:  # nothing to feed: the stream's rest, if it ends here
+            return ReplyDelta(reasoning, *self._tools.finish()) if final else ReplyDelta(reasoning)
+        read = read_piece(self._tools, content, last=final)
+        return ReplyDelta(reasoning, read.content, read.calls)

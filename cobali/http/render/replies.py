@@ -14,6 +14,7 @@ from cobali.frontend.inputs import ReplyReader
 from cobali.frontend.interface import RequestOutput, TokenLogprob
 from cobali.frontend.parsers.calls import ParsedCall
 from cobali.frontend.parsers.reply import ReplyDelta, ReplyStream
+from cobali.frontend.parsers.stream import read_piece
 from cobali.http.render.logprobs import LogprobWriter
 
 
@@ -85,11 +86,7 @@ class ChoiceReading:
         self.calls = 0  # calls sent so far
 
     def read(self, text: str, finished: bool) -> ReplyDelta:
-        read = self.stream.feed(text)
-        if not finished:
-            return read
-        last = self.stream.finish()
-        return ReplyDelta(read.reasoning + last.reasoning, read.content + last.content, read.calls + last.calls)
+        return read_piece(self.stream, text, last=finished)
 
     def rendered_calls(self, calls: Sequence[ParsedCall]) -> list[dict]:
         rendered = [call.as_openai(self.calls + i) for i, call in enumerate(calls)]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
+from cobali.frontend.parsers.stream import read_whole
+
 
 class ReasoningDelta(NamedTuple):
     reasoning: str = ""
@@ -47,6 +49,5 @@ class ReasoningParser(ABC):
 
     def parse(self, text: str, prompt: str = "") -> tuple[str | None, str | None]:
         """(the reasoning, the content) of a whole reply, each None where there is none."""
-        stream = self.stream(prompt)
-        fed, finished = stream.feed(text), stream.finish()
-        return (fed.reasoning + finished.reasoning) or None, (fed.content + finished.content) or None
+        read = read_whole(self.stream(prompt), text)
+        return read.reasoning or None, read.content or None

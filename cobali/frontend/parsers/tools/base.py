@@ -12,19 +12,19 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from llguidance import LLMatcher
 
 from cobali.frontend.parsers.calls import ParsedCall, ToolSchemas, openai_call_id, tool_schemas
+from cobali.frontend.parsers.stream import read_whole
 from cobali.frontend.parsers.text import held_tail
 from cobali.structured.grammars import JSON_OPTIONS, MAX_PARALLEL_CALLS, prepared
 
 Functions = Sequence[tuple[str, Any]]  # a forced call's choices: (name, parameters schema or None)
 
 
-@dataclass(frozen=True)
-class StreamDelta:
+class StreamDelta(NamedTuple):
     content: str = ""
     calls: tuple[ParsedCall, ...] = ()
 
@@ -137,11 +137,8 @@ class ToolFormat(ABC):
 
     def parse(self, text: str, tools: Iterable[str] | ToolSchemas) -> tuple[str | None, list[ParsedCall]]:
         """(the text that is not a call, or None where nothing is left around the calls; the calls, in order)."""
-        stream = self.stream(tools)
-        fed, finished = stream.feed(text), stream.finish()
-        calls = [*fed.calls, *finished.calls]
-        content = fed.content + finished.content
-        return (content.strip() or None, calls) if calls else (content, [])
+        read = read_whole(self.stream(tools), text)
+        return (read.content.strip() or None, list(read.calls)) if read.calls else (read.content, [])
 
     def call_head(self, name: str) -> str:
         """The text a call of `name` starts with, up to its JSON arguments."""
