@@ -9,8 +9,6 @@ all slots draw on one pool of n_ctx cells, and the accountant is what keeps the 
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -20,6 +18,7 @@ from cobali.backends.base import BackendInfo
 from cobali.engine.kv_blocks import BLOCK_TOKENS, KvAccountant
 from cobali.engine.kv_tier import KEY_DTYPE, HostPrefixes, common_prefix
 from cobali.engine.plan import ClearSlot, CopyPrefix, KvOp, LoadSlot, MoveSlot, TrimSlot
+from cobali.engine.slot_index import CachedPrefixes, FreeSlots
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,8 @@ class Assignment:
 class SlotPool:
     """Free slots in least-recently-released order. With prefix caching a released slot keeps its KV
     until it is reused or evicted (to host_mib MiB of host memory, if any), and a new request starts from the
-    longest cached prefix it shares."""
+    longest cached prefix it shares. An admission or a release costs O(log max_slots) (slot_index.py), but for a
+    min() in C over the cached slots that share as much with its prompt as the best one."""
 
     def __init__(self, info: BackendInfo, max_slots: int, prefix_cache: bool = False,
                  min_reuse_tokens: int = BLOCK_TOKENS, compact: bool = False,
@@ -45,9 +45,9 @@ class SlotPool:
         self.accountant = KvAccountant(info, max_slots)
         # Only per-sequence streams split a batch by seq_id runs; a unified KV runs any rows in one pass.
         self.compacts = compact and not self.accountant.unified
-        self._free: deque[int] = deque(range(max_slots))
-        self._no_gap = True  # no slot was taken or freed since fill_gap last found no gap (skips its scan)
-        self._cached: dict[int, np.ndarray] = {}  # free slot -> tokens its KV still holds
+        self._free = FreeSlots(max_slots)
+        self._no_gap = True  # no slot was taken or freed since fill_gap last found no gap (skips its search)
+        self._cached = CachedPrefixes()  # free slot -> tokens its KV still holds
         self._ops: list[KvOp] = []  # decided, not yet run by the engine
         self.queried_tokens = 0
         self.hit_tokens = 0
@@ -66,7 +66,7 @@ class SlotPool:
 
     @property
     def cached_blocks(self) -> int:
-        return sum(self.accountant.held_blocks(slot) for slot in self._cached)
+        return self._cached.blocks
 
     def assign(self, prompt: list[int] | None = None,
                sources: Iterable[tuple[int, np.ndarray]] | None = None) -> Assignment:
@@ -93,18 +93,18 @@ class SlotPool:
             if key is not None:
                 self.host.hit_tokens += reused
                 self._ops.append(LoadSlot(key, slot, reused))
-        elif source is not None and source in self._free and (keeping is None or source in keeping):
+        elif source is not None and source in self._free and (keeping is None or any(source in k for k in keeping)):
             slot = source  # the prefix is already in this very slot: keep it, drop the rest (to host memory first)
             if self.host is not None and reused < len(self._cached[slot]):
                 self._ops += self.host.save(slot, self._cached[slot])
             self._free.remove(slot)
             self._no_gap = False
             self._ops.append(TrimSlot(slot, reused))
+            self._cached.pop(slot)
         else:
             slot = self._take_fresh(keep=source, keeping=keeping)
             if source is not None:
                 self._ops.append(CopyPrefix(source, slot, reused))
-        self._cached.pop(slot, None)
         self.hit_tokens += reused
         return Assignment(slot, reused)
 
@@ -118,18 +118,20 @@ class SlotPool:
         key, n = self.host.best(tokens, len(tokens) - 1, room)
         return (key, n) if n > max(beyond, self.min_reuse_tokens - 1) else (None, 0)
 
-    def _take_fresh(self, keep: int | None = None, keeping: list[int] | None = None) -> int:
+    def _take_fresh(self, keep: int | None = None, keeping: tuple[range, ...] | None = None) -> int:
         """A free slot for a request that reuses none of its KV. With per-sequence streams llama.cpp runs one
         forward pass per run of consecutive seq_ids among a batch's rows, so a slot that keeps the taken ones
         one run (compacting: a gap between them first, else one beside them), else the lowest free one. With a
-        unified KV any slot costs the same. Among those, the one whose cached prefix is worth least. `keep`: a
-        slot whose prefix the request is about to copy; `keeping`: the run-keeping slots, if already found."""
+        unified KV any slot costs the same. Among those, the one whose cached prefix is worth least: the lowest
+        holding none, else the least recently released; the cached prefixes of the other free slots stay for the
+        requests that come back to them (a chat's next turn), as many as there are free slots. `keep`: a slot
+        whose prefix the request is about to copy; `keeping`: the run-keeping slots, if already found."""
         if self.accountant.unified:
-            slot = self._worth_least(list(self._free))
+            slot = self._free.pick((range(self.max_slots),))
         elif self.compacts:
-            slot = self._worth_least(keeping if keeping is not None else self._slots_keeping_runs())
+            slot = self._free.pick(keeping if keeping is not None else self._slots_keeping_runs())
         else:
-            slot = min(self._free)
+            slot = self._free.lowest()
         self._take(slot, keep)
         return slot
 
@@ -143,47 +145,35 @@ class SlotPool:
             self._free.remove(slot)
             self._clear(slot)
         else:
-            self._free.remove(target)
-            self._free[self._free.index(slot)] = target
             self._clear(target)
+            self._free.hand_over(slot, target)
             self._ops.append(MoveSlot(slot, target))
             self.accountant.move(slot, target)
-            self._cached[target] = self._cached.pop(slot)
+            self._cached.add(target, self._cached[slot], self.accountant.held_blocks(target))
+            self._cached.pop(slot)
         self._no_gap = False
 
     def _spare_slot(self, slot: int, keep: int | None) -> int | None:
         """Where `slot`'s cached prefix may go: a free slot holding none (the highest, away from where runs
-        start), else one released before it; never `keep`. None: it is the least recently released."""
-        older = set(itertools.takewhile(lambda s: s != slot, self._free))
-        spare = [s for s in self._free if s not in (slot, keep) and (s in older or s not in self._cached)]
-        return self._worth_least(spare, highest=True) if spare else None
+        start), else the least recently released, if before it; never `keep`. None: it is the least recently
+        released."""
+        empty = self._free.highest_empty()
+        if empty is not None:
+            assert empty not in (slot, keep), "a slot to take or to copy from holds a prefix"
+            return empty
+        oldest = self._free.oldest_cached(skip=keep)
+        return None if oldest == slot else oldest
 
-    def _worth_least(self, slots: list[int], highest: bool = False) -> int:
-        """Of `slots` (free), the lowest (or highest) holding no cached prefix, else the least recently
-        released: the cached prefixes of the other free slots stay for the requests that come back to them (a
-        chat's next turn), as many as there are free slots."""
-        empty = [slot for slot in slots if slot not in self._cached]
-        if empty:
-            return max(empty) if highest else min(empty)
-        among = set(slots)
-        return next(slot for slot in self._free if slot in among)
-
-    def _slots_keeping_runs(self) -> list[int]:
+    def _slots_keeping_runs(self) -> tuple[range, ...]:
         """The free slots a request may take without adding a run of taken ones: the gaps between them, else
         the slots either side; every free slot while none is taken."""
-        taken = self._taken()
-        if not taken:
-            return list(self._free)
-        return self._gaps(taken) or [s for s in (taken[0] - 1, taken[-1] + 1) if 0 <= s < self.max_slots]
-
-    def _taken(self) -> list[int]:
-        free = set(self._free)
-        return [s for s in range(self.max_slots) if s not in free]
-
-    def _gaps(self, taken: list[int]) -> list[int]:
-        """The free slots between the lowest and the highest taken one (taken: sorted)."""
-        held = set(taken)
-        return [s for s in range(taken[0], taken[-1]) if s not in held]
+        bounds = self._free.taken_bounds()
+        if bounds is None:
+            return (range(self.max_slots),)
+        lo, hi = bounds
+        if self._free.any_in(gaps := range(lo + 1, hi)):
+            return (gaps,)
+        return tuple(range(s, s + 1) for s in (lo - 1, hi + 1) if 0 <= s < self.max_slots)
 
     @property
     def may_have_gap(self) -> bool:
@@ -193,23 +183,25 @@ class SlotPool:
         """Move the running request in `slot`, the highest taken one, into a free slot between the taken ones
         (the one whose cached prefix is worth least), so that they form fewer runs. None: they form one already."""
         assert self.compacts
-        taken = self._taken()
-        assert taken[-1] == slot, f"slot {slot} is not the highest taken one"
-        gaps = self._gaps(taken)
-        if not gaps:
+        bounds = self._free.taken_bounds()
+        assert bounds is not None and bounds[1] == slot, f"slot {slot} is not the highest taken one"
+        gaps = range(bounds[0] + 1, slot)
+        if not self._free.any_in(gaps):
             self._no_gap = True
             return None
-        dst = self._worth_least(gaps)
+        dst = self._free.pick((gaps,))
         self._take(dst)
         self._ops.append(MoveSlot(slot, dst))
         self.accountant.move(slot, dst)
-        self._free.append(slot)
+        self._free.append(slot, cached=False)
         return dst
 
     def _best_source(self, tokens: np.ndarray, sources: Iterable[tuple[int, np.ndarray]]) -> tuple[int | None, int]:
-        best, best_len = None, 0
         cap = len(tokens) - 1  # at least the prompt's last token must be computed, for its logits
-        for slot, held in itertools.chain(self._cached.items(), sources):
+        best, best_len = self._cached.best(tokens, cap)
+        if best_len >= cap:
+            return best, best_len
+        for slot, held in sources:
             n = min(common_prefix(tokens, held), cap)
             if n > best_len:
                 best, best_len = slot, n
@@ -222,11 +214,11 @@ class SlotPool:
         once; otherwise it stays, to be reused or evicted."""
         assert slot not in self._free, f"slot {slot} released twice"
         if self.prefix_cache and kv_tokens and len(kv_tokens) >= self.min_reuse_tokens:
-            self._cached[slot] = np.asarray(kv_tokens, dtype=KEY_DTYPE)
             self.accountant.hold(slot, len(kv_tokens))
+            self._cached.add(slot, np.asarray(kv_tokens, dtype=KEY_DTYPE), self.accountant.held_blocks(slot))
         else:
             self._clear(slot)
-        self._free.append(slot)
+        self._free.append(slot, cached=slot in self._cached)
         self._no_gap = False
 
     def reusable_slot(self, prompt: list[int] | None) -> int | None:
@@ -245,11 +237,11 @@ class SlotPool:
 
     def evict_one(self, spare: int | None = None) -> bool:
         """Drop the least recently released cached prefix but `spare`'s (to free pool cells); False if none is left."""
-        for slot in self._free:
-            if slot in self._cached and slot != spare:
-                self._clear(slot)
-                return True
-        return False
+        slot = self._free.oldest_cached(skip=spare)
+        if slot is None:
+            return False
+        self._clear(slot)
+        return True
 
     def save_a_cached_prefix(self) -> bool:
         """Save to host memory one cached prefix not there yet, the least recently released first; False if none
@@ -258,11 +250,11 @@ class SlotPool:
         saved next, forgetting this one, and an idle engine would copy KV for ever."""
         if self.host is None:
             return False
-        cached = [self._cached[slot] for slot in self._free if slot in self._cached]
-        for slot in self._free:
-            tokens = self._cached.get(slot)
-            if tokens is None or any(common_prefix(self.host.tokens(key), other) == len(other)
-                                     for key in self.host.would_forget(tokens) for other in cached):
+        order = [slot for slot in self._free.in_release_order() if slot in self._cached]
+        cached = [self._cached[slot] for slot in order]
+        for slot, tokens in zip(order, cached, strict=True):
+            if any(common_prefix(self.host.tokens(key), other) == len(other)
+                   for key in self.host.would_forget(tokens) for other in cached):
                 continue
             if ops := self.host.save(slot, tokens):
                 self._ops += ops
@@ -271,14 +263,16 @@ class SlotPool:
 
     def drop_cached_prefixes(self) -> None:
         """Forget every cached prefix, in the slots and in host memory: nothing is reused after this."""
-        for slot in [s for s in self._free if s in self._cached]:
+        for slot in [s for s in self._free.in_release_order() if s in self._cached]:
             self._clear(slot, to_host=False)
         if self.host is not None:
             self._ops += self.host.forget_all()
 
     def _clear(self, slot: int, to_host: bool = True) -> None:
         """Empty the slot; a cached prefix in it goes to host memory first, if there is a host tier."""
-        tokens = self._cached.pop(slot, None)
+        tokens = self._cached.pop(slot)
+        if tokens is not None and slot in self._free:
+            self._free.set_empty(slot)  # evicted, or about to take another's prefix: free, holding none
         self.accountant.drop(slot)
         if tokens is not None and to_host and self.host is not None:
             self._ops += self.host.save(slot, tokens)

@@ -18,6 +18,7 @@ class KvAccountant:
         # Cells one sequence may ever hold: its stream, or as much of the pool as whole blocks cover.
         self.seq_limit = min(info.n_ctx_seq, self.total_blocks * block_tokens) if self.unified else info.n_ctx_seq
         self._held: dict[int, int] = {}
+        self._used = 0  # the sum of _held, kept as it changes: each admission asks it, often
         self._cells, self._slots = cells, max_slots
 
     def context_hint(self) -> str:
@@ -32,7 +33,7 @@ class KvAccountant:
 
     @property
     def used_blocks(self) -> int:
-        return sum(self._held.values())
+        return self._used
 
     @property
     def free_blocks(self) -> int:
@@ -51,7 +52,9 @@ class KvAccountant:
         return self.used_blocks - held + self.blocks_for(n_tokens) <= self.total_blocks
 
     def hold(self, slot: int, n_tokens: int) -> None:
-        self._held[slot] = self.blocks_for(n_tokens)
+        blocks = self.blocks_for(n_tokens)
+        self._used += blocks - self._held.get(slot, 0)
+        self._held[slot] = blocks
 
     def held_blocks(self, slot: int) -> int:
         return self._held.get(slot, 0)
@@ -60,7 +63,9 @@ class KvAccountant:
         return self.held_blocks(slot) * self.block_tokens
 
     def drop(self, slot: int) -> None:
-        self._held.pop(slot, None)
+        self._used -= self._held.pop(slot, 0)
 
     def move(self, source: int, slot: int) -> None:
-        self._held[slot] = self._held.pop(source, 0)
+        moved = self._held.pop(source, 0)
+        self._used -= self._held.get(slot, 0)
+        self._held[slot] = moved

@@ -28,7 +28,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def _sortable(tokens: np.ndarray) -> bytes:
+def sortable_key(tokens: np.ndarray) -> bytes:
     """Keys as bytes that sort as the sequences do (big-endian, fixed width), prefixes first."""
     return tokens.astype(">u8").tobytes()
 
@@ -66,7 +66,7 @@ class HostPrefixes:
     def best(self, tokens: np.ndarray, cap: int, max_len: int) -> tuple[int | None, int]:
         """The entry sharing the longest prefix with `tokens` (counted up to `cap`), among the entries of at
         most max_len tokens (a restore fills the whole entry before it is trimmed)."""
-        at = bisect.bisect_left(self._sorted, _sortable(tokens))
+        at = bisect.bisect_left(self._sorted, sortable_key(tokens))
         best, best_len = None, 0
         for indices in (range(at - 1, -1, -1), range(at, len(self._sorted))):
             for i in indices:  # what they share with `tokens` only shrinks away from `at`
@@ -86,7 +86,7 @@ class HostPrefixes:
     def _place(self, tokens: np.ndarray) -> tuple[bytes, int | None, int | None]:
         """Where `tokens` would go: their sortable bytes, the entry holding them already (they are it or a prefix
         of it), and the entry they extend (a chat's earlier turn); None where there is none."""
-        sortable = _sortable(tokens)
+        sortable = sortable_key(tokens)
         at = bisect.bisect_left(self._sorted, sortable)
         holder = extended = None
         if at < len(self._sorted) and self._sorted[at].startswith(sortable):  # sorts first among its extensions
@@ -146,7 +146,7 @@ class HostPrefixes:
 
     def _forget(self, key: int) -> ForgetSaved:
         tokens = self._entries.pop(key)
-        sortable = _sortable(tokens)
+        sortable = sortable_key(tokens)
         del self._sorted[bisect.bisect_left(self._sorted, sortable)]
         del self._key_of[sortable]
         self.held_tokens -= len(tokens)
