@@ -1,5 +1,5 @@
-"""The HTTP side of the generation path every generating route shares: the body parsed off the loop unless the
-queue is full, its inputs prepared on the worker pool (cobali.frontend.inputs) within the operator's limits, the
+"""The HTTP side of the generation path every generating route shares: the body parsed and its inputs prepared
+(cobali.frontend.inputs) within the operator's limits, in one job on the worker pool unless the queue is full, the
 generation submitted to the engine client (cobali.frontend.client), the reply whole (read off the loop) or
 streamed. A route parses its body, builds its choices, and renders its reply; the rest is here."""
 
@@ -20,8 +20,8 @@ from cobali.frontend.request_limits import check_request
 from cobali.frontend.work_pool import client_of
 from cobali.http.auth import keyed_choices
 from cobali.http.disconnect import client_watch
-from cobali.http.event_stream import EventStream
-from cobali.http.parse import parse_body
+from cobali.http.event_stream import EventStream, LastEvents
+from cobali.http.parse import parse_then
 from cobali.http.protocol.completions import GenerationRequest
 from cobali.http.protocol.messages import MessagesRequest
 from cobali.http.protocol.responses import ResponsesRequest
@@ -67,33 +67,36 @@ def inputs_for(http: Request, model: str | None) -> InputProcessor:
     return server.inputs()
 
 
-async def preprocessed(http: Request, inputs: InputProcessor, body: GenerationRequest, n_prompts: int,
-                       work: Callable[[], T]) -> T:
-    """work() (tokenizing, the chat template, the grammar) on the worker pool, once the body is within the
-    operator's limits and the queue has room for its choices: both checked first in the same job (the limits
-    measure O(body) text), so a request over them, or a full server, costs nothing more."""
+def within_limits(http: Request, inputs: InputProcessor, body: GenerationRequest, n_prompts: int) -> None:
+    """The body within the operator's limits (they measure O(body) text: off the loop), then room in the queue for
+    its choices: a request over them, or a full server, costs nothing more."""
     server: ServerContext = http.app.state.server
-
-    def checked() -> T:
-        check_request(body, server.config.limits, server.config.grammar, inputs.model.n_vocab)
-        server.client.check_room(n_prompts * body.n)  # reads a length: safe off the loop
-        return work()
-
-    return await server.pool.run(client_of(http), checked)
+    check_request(body, server.config.limits, server.config.grammar, inputs.model.n_vocab)
+    server.client.check_room(n_prompts * body.n)  # reads a length: safe off the loop
 
 
 def refuse_when_full(http: Request) -> None:
     """QueueFull if not even one more request fits: before a generation's body is parsed, its choices unknown
-    (preprocessed counts them). An engine not ready is left to the route, whose 404 comes before its 503."""
+    (within_limits counts them). An engine not ready is left to the route, whose 404 comes before its 503."""
     client = http.app.state.server.client
     if client.state is EngineState.READY:
         client.check_room(1)
 
 
-async def generation_body(http: Request, model: type[G]) -> G:
-    """A generation route's body, parsed on the worker pool unless the queue is already full."""
+async def prepared_body(http: Request, model: type[G], n_prompts: Callable[[G], int],
+                        prepare: Callable[[InputProcessor, G], T]) -> tuple[G, InputProcessor, T]:
+    """A generation route's body parsed, and prepare(inputs, body) (tokenizing, the chat template, the grammar)
+    once it is within the limits: one job on the worker pool, unless the queue is already full. Answered in the
+    order every route answers: the body's 400, the model's 404, the engine's 503, a limit's 400, a full queue's
+    429. One job, not two: a hop costs the loop more than parsing a short body does."""
     refuse_when_full(http)
-    return await parse_body(http, model)
+
+    def then(body: G) -> tuple[G, InputProcessor, T]:
+        inputs = inputs_for(http, body.model)
+        within_limits(http, inputs, body, n_prompts(body))
+        return body, inputs, prepare(inputs, body)
+
+    return await parse_then(http, model, then)
 
 
 def submit(http: Request, body: GenerationRequest, prepared: Choices) -> Generation:
@@ -147,15 +150,15 @@ async def generate(http: Request, inputs: InputProcessor, body: GenerationReques
 
 
 async def _stream(http: Request, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+    opening = reply.opening() or ""  # rides with the first text: one write fewer a stream
     try:
-        if (opening := reply.opening()) is not None:
-            yield opening
         async for outputs in reply.generation.batches():  # one write for all that arrived together
             read = functools.partial(reply.read, outputs)
             reads = await read_off_loop(http, read) if reply.finishes_reading(outputs) else read()
-            chunk = "".join(map(reply.delta_chunk, outputs, reads))
+            chunk, opening = opening + "".join(map(reply.delta_chunk, outputs, reads)), ""
             if not reply.generation.unfinished:  # the last text: the stream's end rides in the same write
-                chunk += (reply.chunk([], reply.usage()) if include_usage else "") + "data: [DONE]\n\n"
-            yield chunk
+                yield LastEvents(chunk + (reply.chunk([], reply.usage()) if include_usage else "") + "data: [DONE]\n\n")
+            else:
+                yield chunk
     except GenerationError as err:  # headers are sent: report in-band, as OpenAI streams do; then the end, as vLLM's
-        yield sse(err.api_error().body()) + "data: [DONE]\n\n"
+        yield LastEvents(opening + sse(err.api_error().body()) + "data: [DONE]\n\n")

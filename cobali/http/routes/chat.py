@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from cobali.frontend.inputs import ChatChoices, InputProcessor, ReplyReader
 from cobali.frontend.request_limits import RequestLimits
 from cobali.http.disconnect import cancelled_on_disconnect
-from cobali.http.generation import generate, generation_body, inputs_for, preprocessed
+from cobali.http.generation import generate, prepared_body
 from cobali.http.parse import json_body
 from cobali.http.protocol.chat import ChatCompletionRequest
 from cobali.http.render.replies import CHAT
@@ -30,10 +30,13 @@ def chat_prompt(inputs: InputProcessor, body: ChatCompletionRequest, limits: Req
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 @cancelled_on_disconnect
 async def chat_completions(http: Request) -> Response:
-    body = await generation_body(http, ChatCompletionRequest)
-    inputs = inputs_for(http, body.model)
-    prepared = await preprocessed(http, inputs, body, 1, functools.partial(chat_choices, http, inputs, body))
+    body, inputs, prepared = await prepared_body(http, ChatCompletionRequest, one_prompt,
+                                                 functools.partial(chat_choices, http))
     return await generate(http, inputs, body, prepared.choices, dataclasses.replace(CHAT, replies=prepared.replies))
+
+
+def one_prompt(_body: ChatCompletionRequest) -> int:
+    return 1
 
 
 def chat_choices(http: Request, inputs: InputProcessor, body: ChatCompletionRequest) -> ChatChoices:

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from cobali.frontend.inputs import Choices, InputProcessor
 from cobali.frontend.request_limits import RequestLimits
 from cobali.http.disconnect import cancelled_on_disconnect
-from cobali.http.generation import generate, generation_body, inputs_for, preprocessed
+from cobali.http.generation import generate, prepared_body
 from cobali.http.parse import json_body
 from cobali.http.protocol.completions import CompletionRequest
 from cobali.http.render.replies import COMPLETION
@@ -22,15 +22,17 @@ router = APIRouter()
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 @cancelled_on_disconnect
 async def completions(http: Request) -> Response:
-    body = await generation_body(http, CompletionRequest)
-    inputs = inputs_for(http, body.model)
-    work = functools.partial(_completion_choices, inputs, body, http.app.state.server.config.limits)
-    prepared, echoes = await preprocessed(http, inputs, body, len(body.prompts()), work)
+    work = functools.partial(_completion_choices, http.app.state.server.config.limits)
+    body, inputs, (prepared, echoes) = await prepared_body(http, CompletionRequest, _n_prompts, work)
     return await generate(http, inputs, body, prepared, COMPLETION, echoes)
 
 
-def _completion_choices(inputs: InputProcessor, body: CompletionRequest,
-                        limits: RequestLimits) -> tuple[Choices, list[str] | None]:
+def _n_prompts(body: CompletionRequest) -> int:
+    return len(body.prompts())
+
+
+def _completion_choices(limits: RequestLimits, inputs: InputProcessor,
+                        body: CompletionRequest) -> tuple[Choices, list[str] | None]:
     prompts = [inputs.prompt_tokens(p, "prompt", body.truncate_prompt_tokens) for p in body.prompts()]
     echoes = None
     if body.echo:  # the prompt as sent; token-id or truncated prompts are rendered from their tokens

@@ -18,7 +18,6 @@ from fastapi.responses import JSONResponse, Response
 from cobali.frontend.generation import Generation, GenerationError
 from cobali.frontend.inputs import InputProcessor, ReplyReader
 from cobali.frontend.request_limits import RequestLimits, check_tools
-from cobali.frontend.work_pool import client_of
 from cobali.http.disconnect import cancelled_on_disconnect
 from cobali.http.generation import read_off_loop, replied
 from cobali.http.parse import json_body
@@ -83,15 +82,16 @@ async def messages(http: Request) -> Response:
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
 @cancelled_on_disconnect  # a vanished client's count waiting for a worker is never run
 async def count_tokens(http: Request) -> JSONResponse:
-    body, chat, inputs = await parsed_as_chat(http, CountTokensRequest)
     server: ServerContext = http.app.state.server
-    work = functools.partial(_prompt_tokens, inputs, chat, server.config.limits)
-    count = await server.pool.run(client_of(http), work)
+    body, count = await parsed_as_chat(http, CountTokensRequest,
+                                       functools.partial(_prompt_tokens, server.config.limits))
     return JSONResponse({"input_tokens": count}, headers=ignored_fields_headers(body))
 
 
-def _prompt_tokens(inputs: InputProcessor, chat: ChatCompletionRequest, limits: RequestLimits) -> int:
-    """On the worker pool: the tools' limits (they are rendered too), then the prompt as the chat route makes it."""
+def _prompt_tokens(limits: RequestLimits, body: CountTokensRequest, chat: ChatCompletionRequest,
+                   inputs: InputProcessor) -> tuple[CountTokensRequest, int]:
+    """On the worker that parsed the body: the tools' limits (they are rendered too), then the prompt as the chat
+    route makes it."""
     check_tools(chat.tools, limits)
-    return len(inputs.prompt_tokens(chat_prompt(inputs, chat, limits), "messages"))
+    return body, len(inputs.prompt_tokens(chat_prompt(inputs, chat, limits), "messages"))
 

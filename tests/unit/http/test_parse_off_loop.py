@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from cobali.frontend import request_limits
 from cobali.http import generation, parse
+from cobali.http.routes import as_chat
 from cobali.http.routes import tokenize as tokenizer_routes
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
@@ -97,6 +98,36 @@ def test_a_body_parsed_on_the_loop_is_caught(recorded, monkeypatch: pytest.Monke
         return parse._parsed(model, await http.body(), http.headers.get("content-type"), then)
 
     monkeypatch.setattr(parse, "parse_then", inline)
+    monkeypatch.setattr(generation, "parse_then", inline)  # the generating routes' one job: parse, then prepare
     assert client.post("/v1/completions", json=BODIES["/v1/completions"]).status_code == 200
     assert ("parse", True) in calls
     assert threading.current_thread() is threading.main_thread()  # the client's, not the app's loop: no false pass
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                                  "/v1/messages/count_tokens"])
+def test_a_generating_route_parses_and_prepares_in_one_job(recorded, monkeypatch: pytest.MonkeyPatch,
+                                                           path: str) -> None:
+    """Issue 46: a hop to the worker pool costs the loop more than parsing a short body; the body's parse, its
+    limits and its prompt's preparation share one job before the request is submitted (a reply read by parsers
+    finishes on the pool after)."""
+    client, _ = recorded
+    pool = client.app.state.server.pool  # type: ignore[attr-defined]
+    jobs: list[object] = []
+    before_submit: list[int] = []
+    run, submit = pool.run, generation.submit
+
+    async def counted(who: str, work: Callable[[], Any]) -> Any:
+        jobs.append(work)
+        return await run(who, work)
+
+    def submitted(*args: Any) -> Any:
+        before_submit.append(len(jobs))
+        return submit(*args)
+
+    monkeypatch.setattr(pool, "run", counted)
+    for module in (generation, as_chat):
+        monkeypatch.setattr(module, "submit", submitted)
+    counting = path == "/v1/messages/count_tokens"
+    assert client.post(path, json=BODIES[path] if counting else {**BODIES[path], "stream": True}).status_code == 200
+    assert (len(jobs) if counting else before_submit) == (1 if counting else [1]), (path, jobs, before_submit)
