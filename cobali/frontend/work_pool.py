@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -207,24 +208,35 @@ class WorkPool:
 
 
 async def _acquire(semaphore: asyncio.Semaphore, timeout_s: float) -> bool:
-    """Take a permit within timeout_s; False if none came. (asyncio.timeout is 3.11's, and 3.10's wait_for could
-    lose a permit that arrived just as it timed out.) A free permit is taken at once, with no task."""
+    """Take a permit within timeout_s; False if none came. No task and no asyncio.wait: one timer that cancels
+    this task if the wait runs over (the semaphore hands a permit granted meanwhile on), as asyncio.timeout does
+    from 3.11. A free permit is taken at once."""
     if not semaphore.locked():
         await semaphore.acquire()  # returns without waiting: a permit is free and nobody queues for one
         return True
-    acquiring = asyncio.ensure_future(semaphore.acquire())
+    task = asyncio.current_task()
+    assert task is not None
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout_s, expire)
     try:
-        done, _ = await asyncio.wait({acquiring}, timeout=timeout_s)
+        await semaphore.acquire()
+        return True
     except asyncio.CancelledError:
-        _give_up(acquiring, semaphore)
+        if expired and _only_our_cancel(task):
+            return False
         raise
-    if not done:
-        _give_up(acquiring, semaphore)
-    return bool(done)
+    finally:
+        timer.cancel()
 
 
-def _give_up(acquiring: asyncio.Future, semaphore: asyncio.Semaphore) -> None:
-    if not acquiring.done():
-        acquiring.cancel()  # a permit handed to it meanwhile is passed on by the acquire itself
-    elif not acquiring.cancelled():
-        semaphore.release()  # taken just now: given back
+def _only_our_cancel(task: asyncio.Task) -> bool:
+    """Withdraws the cancel the timer made; whether no one else's is pending (3.10 counts none: ours it is)."""
+    if sys.version_info >= (3, 11):
+        return task.uncancel() == 0
+    return True

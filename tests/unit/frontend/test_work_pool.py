@@ -100,3 +100,37 @@ def test_an_uncontended_job_makes_no_task() -> None:
 
     asyncio.run(main())
     pool.close()
+
+
+def test_a_share_that_never_frees_is_a_429_and_its_permit_is_not_lost() -> None:
+    """One client, one worker's share: its second job waits for the share, and past the timeout is refused; the
+    share then still serves the client's next job once the first ends."""
+    pool = WorkPool(PreprocessLimits(workers=2, timeout_s=0.2))
+    release = threading.Event()
+
+    async def main() -> None:
+        holder = asyncio.create_task(pool.run("a", _blocking(release)))
+        await asyncio.sleep(0.02)
+        with pytest.raises(APIError) as refused:
+            await pool.run("a", lambda: "never")
+        assert refused.value.status == 429
+        release.set()
+        with pytest.raises(APIError):  # it ran past the timeout
+            await holder
+        for _ in range(500):
+            if "a" not in pool._clients:
+                break
+            await asyncio.sleep(0.01)
+        assert await pool.run("a", lambda: "next") == "next"
+        waiting = asyncio.create_task(pool.run("a", _blocking(threading.Event())))
+        await asyncio.sleep(0.02)
+        queued = asyncio.create_task(pool.run("a", lambda: "queued"))
+        await asyncio.sleep(0.02)
+        queued.cancel()  # a client gone while it waited for the share: no permit kept by it
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert pool._clients["a"].share._value == 0 and pool._clients["a"].jobs == 1
+        waiting.cancel()
+
+    asyncio.run(main())
+    pool.close()
