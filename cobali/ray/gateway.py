@@ -1,7 +1,10 @@
 """The one HTTP endpoint in front of several engine replicas.
 
 Requests are relayed whole to one replica, which answers with the single server's own app (validation, 4xx,
-SSE): the gateway only chooses, once its front door (the key, the caps, the body limit) has let a request in.
+SSE): the gateway only chooses, once its front door (the key, the caps, the body limit) has let a request in. A
+replica that cannot serve now (a 503: its engine loads, restarts after its process died, or drains) or does
+not answer hands the request on to another, so one replica's restart costs the clients nothing while another
+is ready.
 /metrics, /health and /slots ask every replica and combine. No Ray import here: an engine is anything that
 turns a request into the app's ASGI messages (cobali.ray.serve wraps a Ray Serve handle; the unit tests call
 the apps in-process).
@@ -15,6 +18,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Protocol
 
 from fastapi import FastAPI, Request
@@ -29,6 +33,7 @@ from cobali.http.prometheus import merge_expositions
 from cobali.ray.asgi import HTTPRequest
 
 log = logging.getLogger("cobali.http")
+UNAVAILABLE = HTTPStatus.SERVICE_UNAVAILABLE
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 
 
@@ -44,8 +49,10 @@ class LeastBusy:
         self.in_flight = [0] * n
         self._rng = rng or random.Random()
 
-    def pick(self) -> int:
-        candidates = self._rng.sample(range(len(self.in_flight)), min(2, len(self.in_flight)))
+    def pick(self, among: Sequence[int] | None = None) -> int:
+        """The less busy of two replicas drawn from `among` (default: all of them)."""
+        choices = range(len(self.in_flight)) if among is None else among
+        candidates = self._rng.sample(choices, min(2, len(choices)))
         return min(candidates, key=self.in_flight.__getitem__)  # random order, so ties break at random
 
 
@@ -59,28 +66,51 @@ class JsonReply:
 
 
 class Relay(Response):
-    """The chosen replica's response, message by message: status, headers and every SSE chunk as sent."""
+    """The chosen replica's response, message by message: status, headers and every SSE chunk as sent. Until
+    one has begun a response other than a 503, the request goes on to the least busy of the rest."""
 
     def __init__(self, engines: Sequence[EngineClient], router: LeastBusy, request: HTTPRequest) -> None:
         super().__init__()
         self._engines, self._router, self._request = engines, router, request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        index = self._router.pick()
-        self._router.in_flight[index] += 1
+        untried = list(range(len(self._engines)))
+        refusal: list[Message] = []
+        while untried:  # each replica once at most: a request that every replica refuses gets the last refusal
+            index = self._router.pick(untried)
+            untried.remove(index)
+            self._router.in_flight[index] += 1
+            try:
+                refused = await self._relay(index, send)
+            finally:
+                self._router.in_flight[index] -= 1
+            if refused is None:
+                return
+            refusal = refused or refusal
+        if refusal:
+            for message in refusal:
+                await send(message)
+        else:
+            await unavailable("no replica answered").response()(scope, receive, send)
+
+    async def _relay(self, index: int, send: Send) -> list[Message] | None:
+        """None once replica `index`'s response went to the client; else what it refused with (its 503, held
+        back: a small error body) or [] if it did not answer, and nothing was sent."""
+        held: list[Message] = []
         started = False
         try:
             async for message in self._engines[index].messages(self._request):
-                started = started or message["type"] == "http.response.start"
+                if held or (message["type"] == "http.response.start" and message["status"] == UNAVAILABLE):
+                    held.append(message)
+                    continue
+                started = True
                 await send(message)
         except Exception as err:
-            if started:  # too late for an error response: the connection just ends
+            if started:  # too late for another replica: the connection just ends
                 raise
             log.warning("replica %d failed: %s", index, err)
-        finally:
-            self._router.in_flight[index] -= 1
-        if not started:
-            await unavailable(f"replica {index} did not answer").response()(scope, receive, send)
+            return []
+        return None if started else held
 
 
 async def _fetch(engine: EngineClient, request: HTTPRequest) -> JsonReply | None:

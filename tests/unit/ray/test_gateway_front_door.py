@@ -9,6 +9,7 @@ import json
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from cobali.frontend.client import EngineState
 from cobali.http.config import ServerConfig
 from cobali.ray.asgi import HTTPRequest, call_app
 from cobali.ray.gateway import gateway_app
@@ -49,6 +50,8 @@ def test_the_replica_s_work_pool_tells_clients_apart() -> None:
     async def test() -> None:
         app = replica_app()
         async with app.router.lifespan_context(app):
+            while app.state.server.client.state is not EngineState.READY:  # else a 503: "the model is loading"
+                await asyncio.sleep(0.01)
             seen: list[str] = []
             pool = app.state.server.pool
             run = pool.run
