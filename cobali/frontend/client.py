@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import numpy as np
 
@@ -134,9 +134,17 @@ class EngineClient:
         self._fail_calls("the server is shutting down")
 
     def require_engine(self) -> None:
-        """EngineUnavailable unless the engine takes requests now."""
-        if self.state is EngineState.READY:
-            return
+        """EngineUnavailable unless the engine runs now (/health: a restarting replica leaves rotation)."""
+        if self.state is not EngineState.READY:
+            self._unavailable()
+
+    def require_accepting(self) -> None:
+        """EngineUnavailable unless requests are taken now: the engine runs, or a new one is starting after a
+        crash, and requests wait for it (its model is the same one: what was prepared for it still holds)."""
+        if self.state is not EngineState.READY and self.state is not EngineState.RESTARTING:
+            self._unavailable()
+
+    def _unavailable(self) -> NoReturn:
         raise EngineUnavailable({EngineState.LOADING: "the model is loading",
                                  EngineState.RESTARTING: "the engine is restarting",
                                  EngineState.FAILED: ENGINE_FAILED}.get(self.state, "the server is shutting down"))
@@ -145,21 +153,21 @@ class EngineClient:
 
     @property
     def model_info(self) -> ModelInfo:
-        """The loaded model's limits; EngineUnavailable unless the engine is ready."""
-        self.require_engine()
+        """The loaded model's limits; EngineUnavailable unless requests are taken now."""
+        self.require_accepting()
         assert self._model_info is not None, "set before the engine is ready"
         return self._model_info
 
     @property
     def tokenizer(self) -> Tokenizer:
         """The loaded model's text side: thread-safe, for the worker pool."""
-        self.require_engine()
+        self.require_accepting()
         return self.transport.tokenizer
 
     @property
     def grammars(self) -> GrammarCompiler:
         """Constraints compiled here first: a grammar that fails, fails before it runs."""
-        self.require_engine()
+        self.require_accepting()
         return self.transport.grammars
 
     async def embed(self, inputs: list[list[int]]) -> np.ndarray:
@@ -189,8 +197,7 @@ class EngineClient:
         arrival = time.perf_counter()
         messages = []
         with self._lock:  # the engine's outputs find their generation under it: none comes before it is known
-            if self.state is not EngineState.RESTARTING:  # while it restarts, requests wait for the next engine
-                self.require_engine()
+            self.require_accepting()  # while the engine restarts, requests wait for the next one
             self._check_room(len(prompts))
             for tokens, params in prompts:
                 message = AddRequest(next(self._ids), tokens, params, arrival, priority, self.stream_interval, lora)
@@ -206,7 +213,7 @@ class EngineClient:
     def check_room(self, n_requests: int) -> None:
         """QueueFull now if n_requests more could not be queued: a full server refuses a request before its
         tokenizing, template and grammar cost anything (submit checks again)."""
-        self.require_engine()
+        self.require_accepting()
         self._check_room(n_requests)
 
     def _check_room(self, n_requests: int) -> None:

@@ -79,7 +79,7 @@ def refuse_when_full(http: Request) -> None:
     """QueueFull if not even one more request fits: before a generation's body is parsed, its choices unknown
     (within_limits counts them). An engine not ready is left to the route, whose 404 comes before its 503."""
     client = http.app.state.server.client
-    if client.state is EngineState.READY:
+    if client.state in (EngineState.READY, EngineState.RESTARTING):
         client.check_room(1)
 
 

@@ -56,9 +56,9 @@ class ServerContext:
         return self.config.served_model_name
 
     def inputs(self) -> InputProcessor:
-        """How requests to this server's model are prepared; EngineUnavailable (a 503) unless the engine is ready
-        (loaded, not failed, not draining)."""
-        self.client.require_engine()
+        """How requests to this server's model are prepared; EngineUnavailable (a 503) unless requests are taken
+        (the engine loaded, or restarting after a crash; not failed, not draining)."""
+        self.client.require_accepting()
         return self._inputs
 
     @functools.cached_property  # once the model has loaded (inputs() checks first)

@@ -162,3 +162,6 @@ def test_the_server_says_restarting_counts_restarts_and_ends_a_stream_in_band() 
         health = http.get("/health")  # within the 1 s backoff: the next engine has not started yet
         assert health.status_code == 503 and "restarting" in health.text
         assert "cobali:engine_restarts_total 1.0" in http.get("/metrics").text
+        # A request that comes meanwhile is taken, and waits for the next engine: no 503 for it.
+        late = http.post("/v1/completions", json={"prompt": "go", "max_tokens": 2, "ignore_eos": True})
+        assert late.status_code == 200 and late.json()["usage"]["completion_tokens"] == 2, late.text
