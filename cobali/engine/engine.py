@@ -23,6 +23,7 @@ from cobali.engine.costs import CostProfile
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.executor import Executor, StepResult
 from cobali.engine.kv import SlotPool
+from cobali.engine.kv_tier import KEY_DTYPE
 from cobali.engine.messages import AddRequest
 from cobali.engine.outputs import EngineStats, RequestOutput, final_output_of, output_of
 from cobali.engine.overlap import Pipeline
@@ -108,6 +109,17 @@ class Engine:
     def drop_cached_prefixes(self) -> None:
         """Forget every cached prefix, so that the next requests compute theirs (a measurement's cold start)."""
         self._slots.drop_cached_prefixes()
+
+    def held_prefixes(self) -> list[np.ndarray]:
+        """The prefix cache's keys (Request.kv_key) of every KV this engine holds, the most recently used first: the
+        running requests', the free slots' cached prefixes, then host memory's. What a router's digest is made of
+        (frontend/prefix_digest.py); on the engine's thread, between two ticks. The cached arrays are the pool's own:
+        never to be changed."""
+        slots = self._slots
+        running = [np.asarray(r.kv_key(r.computed_tokens), dtype=KEY_DTYPE) for r in reversed(self._scheduler.running)]
+        cached = [slots._cached[s] for s in reversed(slots._free.in_release_order()) if s in slots._cached]
+        host = [] if slots.host is None else [*reversed(slots.host._entries.values())]
+        return running + cached + host
 
     def close(self) -> None:
         """Free the model and its context: the engine runs no more ticks."""

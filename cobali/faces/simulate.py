@@ -4,6 +4,7 @@
         --num-prompts 10000 --request-rate 20 --max-slots 64 --n-batch 2048 --replicas 2
     cobali simulate --profile cpu-2core-smollm2 --prompts mixed_length --request-rate 0.5
     cobali simulate --plan --target-ttft-p99 500 --request-rate 40 --profile h100-llama-8b ...
+    cobali simulate --replicas 8 --router kv --route-report-period 0.5 ...   (bench/sim/routing.py: by workload)
 
 Every request generates exactly its max tokens (no model decides when to stop). Backend flags other
 than --max-slots, --n-batch, --ctx and --kv-unified (which size the simulated KV as they size
@@ -25,11 +26,14 @@ from cobali.config.flags import (
     engine_config,
     file_items,
     flags_record,
+    non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
 )
 from cobali.engine.costs import load_profile, resolve_profile
 from cobali.engine.policies import MODES
+from cobali.frontend.prefix_routing import RoutingConfig
 from cobali.harness.latency import format_summary, write_json
 from cobali.harness.workloads import arrival_offsets, random_items
 from cobali.sim.backend import SimBackend
@@ -47,13 +51,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--chars-per-token", type=positive_float, default=None,
                         help="text prompts: characters per simulated token (default: the profile's, "
                              "measured from the model's tokenizer by calibrate; 4 if it has none)")
-    parser.add_argument("--replicas", type=positive_int, default=1,
-                        help="independent engines behind a fewest-queued-tokens router")
+    parser.add_argument("--replicas", type=positive_int, default=1, help="independent engines behind --router")
+    add_routing_args(parser)
     parser.add_argument("--plan", action="store_true", help="find the fewest replicas meeting --target-ttft-p99")
     parser.add_argument("--target-ttft-p99", type=positive_float, default=None, metavar="MS",
                         help="TTFT p99 target for --plan (ms)")
     parser.add_argument("--max-replicas", type=positive_int, default=1024, help="upper bound for --plan")
     parser.set_defaults(func=simulate_command)
+
+
+ROUTING = RoutingConfig()  # the defaults
+
+
+def add_routing_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--router", choices=("least-tokens", "kv"), default="least-tokens",
+                        help="least-tokens: the replica with the fewest queued tokens; kv: the one whose reported "
+                             "prefix cache, queue and KV use score best (frontend/prefix_routing.py); the --route "
+                             "flags tune it")
+    parser.add_argument("--route-prefix-weight", type=non_negative_float, default=ROUTING.w_prefix,
+                        help="weight of the share of the prompt a replica holds")
+    parser.add_argument("--route-queue-weight", type=non_negative_float, default=ROUTING.w_queue,
+                        help="weight of a replica's queue, over the longest")
+    parser.add_argument("--route-kv-weight", type=non_negative_float, default=ROUTING.w_kv,
+                        help="weight of the share of a replica's KV in use")
+    parser.add_argument("--route-balance-abs", type=non_negative_int, default=ROUTING.balance_abs,
+                        help="queues this many requests apart (and --route-balance-rel times) route by load alone")
+    parser.add_argument("--route-balance-rel", type=positive_float, default=ROUTING.balance_rel,
+                        help="see --route-balance-abs (>= 1)")
+    parser.add_argument("--route-block-tokens", type=positive_int, default=ROUTING.block_tokens,
+                        help="tokens per hashed block of the replicas' digests")
+    parser.add_argument("--route-max-blocks", type=positive_int, default=ROUTING.max_blocks,
+                        help="block hashes in one replica's digest, the most recently used prefixes first")
+    parser.add_argument("--route-report-period", type=positive_float, default=ROUTING.report_period_s, metavar="S",
+                        help="virtual seconds between a replica's digests: how stale the router's view is")
+
+
+def routing_config(args: argparse.Namespace) -> RoutingConfig | None:
+    if args.router != "kv":
+        return None
+    return RoutingConfig(args.route_prefix_weight, args.route_queue_weight, args.route_kv_weight,
+                         args.route_balance_abs, args.route_balance_rel, args.route_block_tokens,
+                         args.route_max_blocks, args.route_report_period)
 
 
 def sim_spec(args: argparse.Namespace) -> SimSpec:
@@ -69,7 +107,8 @@ def sim_spec(args: argparse.Namespace) -> SimSpec:
     config = engine_config(args, mode=args.mode, record_ticks=False)
     profile = load_profile(args.profile)
     return SimSpec(profile, config, n_ctx_seq, llama.kv_unified, args.replicas,
-                   chars_per_token=args.chars_per_token or profile.chars_per_token)
+                   chars_per_token=args.chars_per_token or profile.chars_per_token, routing=routing_config(args),
+                   seed=args.seed)
 
 
 def sim_workload(args: argparse.Namespace, spec: SimSpec) -> tuple[list[SimItem], np.ndarray]:
@@ -92,7 +131,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     if args.plan:
         return plan_command(args, spec, items, arrivals)
     result = simulate(items, arrivals.tolist(), spec)
-    report(args, result, f"{spec.replicas} replica(s), {spec.config.max_slots} slots each")
+    report(args, result, f"{spec.replicas} replica(s), {spec.config.max_slots} slots each, router {args.router}")
     return 0
 
 

@@ -4,9 +4,10 @@ Each replica is the real Engine on a SimBackend with its own virtual clock. Repl
 except through the router, which needs every replica's state at an arrival's time, so before each
 arrival every busy replica is stepped until its clock reaches it; the order in which replicas are
 advanced does not matter. The router picks the replica with the fewest queued tokens (prompt and
-output tokens of its unfinished requests not yet computed). Each engine is fed from a backlog through a
-bounded window (cobali.frontend.offline.LLM), so an overloaded replica does not slow the simulation down with a long
-wait queue.
+output tokens of its unfinished requests not yet computed), or, given a RoutingConfig, the one the KV-aware
+router scores best (sim/routing.py: by the prefix each replica last reported, its queue and KV use). Each
+engine is fed from a backlog through a bounded window (cobali.frontend.offline.LLM), so an overloaded replica does
+not slow the simulation down with a long wait queue.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import TickRecord
 from cobali.engine.sampling_params import SamplingParams
 from cobali.frontend.offline import LLM, Pending
+from cobali.frontend.prefix_routing import RoutingConfig
 from cobali.harness.driver import user_cpu_seconds
 from cobali.harness.latency import RequestTiming, request_timing, summarize_timings
 from cobali.sim.backend import SimBackend
+from cobali.sim.routing import KvRouting
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,15 @@ class SimSpec:
     replicas: int = 1
     prefill_tile: int = PREFILL_TILE  # the simulated scheduler decides as it would on llama.cpp
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN  # how text prompts become simulated tokens
+    routing: RoutingConfig | None = None  # None: to the fewest queued tokens
+    seed: int = 0  # the KV-aware router's draws
 
 
 @dataclass(frozen=True)
 class SimItem:
     tokens: list[int]
     max_tokens: int
+    session: str | None = None  # a conversation's turns share one: the KV-aware router's ties go to its last replica
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,11 @@ class Replica:
 
     def queued_tokens(self) -> int:
         return self.outstanding - self.engine.stats().kv_used_tokens
+
+    @property
+    def queue(self) -> int:
+        """Requests routed here and not finished: in the backlog, waiting or running."""
+        return len(self._cost)
 
     def arrive(self, index: int, item: SimItem, t: float) -> None:
         self.clock.advance_to(t)  # an idle replica's clock waits here; a busy one is already past t
@@ -102,6 +113,7 @@ class SimResult:
     makespan_s: float
     real_s: float
     cpu_s: float
+    routing: KvRouting | None = field(default=None, repr=False)
 
     def summary(self) -> dict:
         """runner's summary keys; wall_s is virtual time and user_cpu_s the simulator's own CPU time."""
@@ -122,7 +134,21 @@ class SimResult:
             "busy_share": busy / (self.makespan_s * len(self.replicas)) if self.makespan_s > 0 else 0.0,
             "sim_real_s": self.real_s,
         })
+        summary.update(self._prefix_summary())
         return summary
+
+    def _prefix_summary(self) -> dict:
+        stats = [r.engine.stats() for r in self.replicas]
+        queried = sum(s.prefix_queried_tokens for s in stats)
+        routing = self.routing
+        return {
+            "preemptions": sum(s.preemptions for s in stats),
+            "cached_tokens": sum(s.prefix_hit_tokens for s in stats),
+            "prefix_hit_rate": sum(s.prefix_hit_tokens for s in stats) / queried if queried else 0.0,
+            "router": "least-tokens" if routing is None else "kv",
+            "routed_by_load": routing.router.balanced if routing is not None else 0,
+            "digest_reports": routing.reports if routing is not None else 0,
+        }
 
 
 def simulate(items: Sequence[SimItem], arrivals: Sequence[float], spec: SimSpec,
@@ -135,18 +161,24 @@ def simulate(items: Sequence[SimItem], arrivals: Sequence[float], spec: SimSpec,
     wall0, cpu0 = time.perf_counter(), user_cpu_seconds()
     finished: list[Finished | None] = [None] * len(items)
     replicas = [Replica(spec, finished) for _ in range(spec.replicas)]
+    routing = KvRouting(spec.routing, spec.replicas, spec.seed) if spec.routing is not None else None
+    engines = [r.engine for r in replicas]
     for index, (item, t) in enumerate(zip(items, arrivals, strict=True)):
         for replica in replicas:
             replica.run_until(t)
         if stop is not None and stop.reached(finished):
             break
-        min(replicas, key=Replica.queued_tokens).arrive(index, item, t)
+        if routing is None:
+            min(replicas, key=Replica.queued_tokens).arrive(index, item, t)
+        else:
+            queues = [(r.queue, r.queued_tokens()) for r in replicas]
+            replicas[routing.pick(engines, queues, item.tokens, item.session, t)].arrive(index, item, t)
     else:
         for replica in replicas:
             replica.run_until(float("inf"))
     end = max(r.clock.now for r in replicas)
     start = arrivals[0] if len(arrivals) else 0.0
-    return SimResult(finished, replicas, end - start, time.perf_counter() - wall0, user_cpu_seconds() - cpu0)
+    return SimResult(finished, replicas, end - start, time.perf_counter() - wall0, user_cpu_seconds() - cpu0, routing)
 
 
 @dataclass

@@ -1,0 +1,46 @@
+"""The KV-aware router (frontend/prefix_routing.py) over simulated replicas, reports and all.
+
+Each replica reports its digest and KV use every report_period_s of virtual time, its phase spread over the
+period (replica i first at i / n of it), so that the router routes on what the replicas held up to a period ago,
+as it would in a deployment. The loads are live: the requests sent and not finished, and the tokens of theirs
+not computed yet (a deployment has to keep these fresh, by the replicas' answers or a probe: routed on a
+second-old count, requests herded onto the replica that reported least).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cobali.engine.engine import Engine
+from cobali.frontend.prefix_digest import DigestBuilder, prompt_blocks
+from cobali.frontend.prefix_routing import PrefixRouter, ReplicaLoad, RoutingConfig
+
+
+class KvRouting:
+    def __init__(self, config: RoutingConfig, n_replicas: int, seed: int = 0) -> None:
+        self.config = config
+        self.router: PrefixRouter[int] = PrefixRouter(config, seed)
+        self.builders = [DigestBuilder(config.block_tokens, config.max_blocks) for _ in range(n_replicas)]
+        self._kv_use = [0.0] * n_replicas
+        self._next_report = [config.report_period_s * i / n_replicas for i in range(n_replicas)]
+        self.reports = 0
+
+    def pick(self, engines: Sequence[Engine], queues: Sequence[tuple[int, int]], tokens: Sequence[int],
+             session: str | None, t: float) -> int:
+        """The replica for a prompt arriving at t, each engine already run up to t; queues: each one's requests
+        and tokens not computed yet."""
+        assert len(engines) == len(queues) == len(self.builders)
+        for i, engine in enumerate(engines):
+            if t >= self._next_report[i]:
+                self._report(i, engine)
+                period = self.config.report_period_s
+                self._next_report[i] += period * ((t - self._next_report[i]) // period + 1)
+        loads = {i: ReplicaLoad(requests, work, self._kv_use[i]) for i, (requests, work) in enumerate(queues)}
+        blocks = prompt_blocks(tokens, self.config.block_tokens)
+        return self.router.route(blocks, len(tokens), loads, session)
+
+    def _report(self, i: int, engine: Engine) -> None:
+        self.router.report(i, self.builders[i].digest(engine.held_prefixes()))
+        stats = engine.stats()
+        self._kv_use[i] = stats.kv_used_tokens / stats.n_ctx if stats.n_ctx else 0.0
+        self.reports += 1
