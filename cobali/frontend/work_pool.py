@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from fastapi import Request
 from starlette.types import Scope
 
+from cobali.frontend.cancels import Canceller
 from cobali.frontend.errors import APIError
 from cobali.frontend.request_limits import PreprocessLimits
 
@@ -214,29 +214,14 @@ async def _acquire(semaphore: asyncio.Semaphore, timeout_s: float) -> bool:
     if not semaphore.locked():
         await semaphore.acquire()  # returns without waiting: a permit is free and nobody queues for one
         return True
-    task = asyncio.current_task()
-    assert task is not None
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        task.cancel()
-
+    expire = Canceller()
     timer = asyncio.get_running_loop().call_later(timeout_s, expire)
     try:
         await semaphore.acquire()
         return True
     except asyncio.CancelledError:
-        if expired and _only_our_cancel(task):
+        if expire.was_ours():
             return False
         raise
     finally:
         timer.cancel()
-
-
-def _only_our_cancel(task: asyncio.Task) -> bool:
-    """Withdraws the cancel the timer made; whether no one else's is pending (3.10 counts none: ours it is)."""
-    if sys.version_info >= (3, 11):
-        return task.uncancel() == 0
-    return True

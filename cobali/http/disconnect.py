@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import sys
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope
+
+from cobali.frontend.cancels import Canceller
 
 P = ParamSpec("P")
 SCOPE_KEY = "cobali.client_watch"
@@ -72,15 +73,6 @@ def stop_watch(scope: Scope) -> None:
         watch.stop()
 
 
-def only_our_cancel(task: asyncio.Task) -> bool:
-    """After catching the CancelledError of a cancel this code made: withdraws it, and says whether no one
-    else's is pending (a shutdown's, theirs to handle). Python 3.10 counts no cancels: there, one that lands
-    with ours reads as ours, and the task ends at once anyway."""
-    if sys.version_info >= (3, 11):
-        return task.uncancel() == 0
-    return True
-
-
 def cancelled_on_disconnect(handler: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
     """A route handler (taking a Request) cancelled at its next await when its client goes: one that goes while
     its prompt is rendered or its grammar compiled is never submitted. Generations it submits register their
@@ -90,15 +82,7 @@ def cancelled_on_disconnect(handler: Callable[P, Awaitable[Response]]) -> Callab
     async def guarded(*args: P.args, **kwargs: P.kwargs) -> Response:
         http = next(value for value in kwargs.values() if isinstance(value, Request))
         await http.body()  # kept by the Request for the handler's parse_body: the watcher must not take it
-        watch, task = client_watch(http), asyncio.current_task()
-        assert task is not None
-        cancelled = False
-
-        def cancel() -> None:
-            nonlocal cancelled
-            cancelled = True
-            task.cancel()
-
+        watch, cancel = client_watch(http), Canceller()
         watch.on_gone(cancel)
         streaming = False
         try:
@@ -106,7 +90,7 @@ def cancelled_on_disconnect(handler: Callable[P, Awaitable[Response]]) -> Callab
             streaming = isinstance(response, StreamingResponse)  # EventStream stops the watch when it ends
             return response
         except asyncio.CancelledError:
-            if not (cancelled and only_our_cancel(task)):
+            if not cancel.was_ours():
                 raise
             return Response(status_code=CLIENT_GONE)
         finally:

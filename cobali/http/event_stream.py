@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from cobali.frontend.cancels import only_our_cancel
 from cobali.frontend.generation import Generation
-from cobali.http.disconnect import only_our_cancel, stop_watch
+from cobali.http.disconnect import stop_watch
 
 log = logging.getLogger("cobali.http")
 

@@ -22,10 +22,10 @@ import uvicorn
 from cobali.backends.fake import EOG_TOKEN, FakeBackend
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.frontend.cancels import only_our_cancel
 from cobali.frontend.generation import Generation, StreamOverflow
 from cobali.frontend.interface import RequestOutput
 from cobali.http import generation as pipeline
-from cobali.http.disconnect import only_our_cancel
 from cobali.http.routes import completions as openai_routes
 from cobali.http.routes import messages as anthropic_routes
 from tests.unit.http.test_server_api import fake_app
