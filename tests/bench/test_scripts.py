@@ -48,6 +48,7 @@ SMOKE = [
         "--async-scheduling --serve --stream-interval 2 --port {port}", "server async", model=False),
     Run("engine/host_thread.py", "--concurrency 4 --seconds 0.4 --max-tokens 8 --stream-interval 2",
         "ms CPU per tick", model=False),
+    Run("engine/admission_cost.py", "--slots 16 64 --cycles 20 --repeats 1", "assign_us", model=False),
     Run("engine/backend_sampling_churn.py", "--slots 2 --threads 1 --ticks 2", "attached or detached"),
     Run("engine/costfit_convergence.py", "--prompts {prompts} --max-new 4 --threads 1 --out {tmp}", "ticks.csv"),
     Run("engine/decode_throughput.py", "--max-slots 2 --prompt-tokens 8 --gen-tokens 4 --threads 1 "
@@ -71,6 +72,8 @@ SMOKE = [
     Run("serving/soak.py", "--requests 8 --concurrency 4 --max-tokens 4 --time-limit 60 "
         "--serve-flags '--threads 1 --max-slots 4'", "completed"),
     Run("serving/ttft_tools.py", "--rounds 1 --requests 1", "TTFT"),
+    Run("sim/routing.py", "--replicas 2 --customers-per-replica 1 --users 2 --turns 2 --context-tokens 256 "
+        "--rate-per-replica 2", "least-tokens", model=False),
     Run("sim/deadline_budget_sim.py", "--rates inf -- --prompts {prompts} --max-new 4 --max-slots 2", "inf",
         model=False),
     Run("structured/grammar_sampling.py", "--requests 1 --slots 1 --max-new 4 --rounds 1 --threads 1", "regex"),
