@@ -271,11 +271,11 @@ class EngineClient:
                 for request_id in generation.request_ids:
                     self._live.pop(request_id, None)
                     self._not_started.pop(request_id, None)
+        if self.observer is not None:  # counted before any client hears of it: one that then reads /metrics sees it
+            self.observer.engine_restarted()
         self._fail_calls(ENGINE_RESTARTED)
         for generation in broken:
             generation.push(Failure(ENGINE_RESTARTED))
-        if self.observer is not None:
-            self.observer.engine_restarted()
 
     def _ready(self, model: ModelInfo) -> None:
         with self._lock:
