@@ -36,7 +36,9 @@ def test_the_kit_runs_end_to_end_on_cpu_and_a_second_call_reuses_every_step(tmp_
     assert [v["name"] for v in summary["variants"]] == ["threads1", "kv-unified"]
     assert all(v["output_tok_s"] > 0 and v["vs_table2"] > 0 for v in summary["variants"])
     assert [(r["slots"], r["argmax_ms"] > 0) for r in summary["decode"]] == [(4, True), (4, True)]
-    assert summary["profile"]["t0_s"] > 0 and (out / "profile.json").exists()
+    profile = summary["profile"]  # a fit's negative terms are clamped to 0 (noise), so one may be 0: not all
+    assert profile["t0_s"] >= 0 and profile["t0_s"] + profile["prefill_s_per_token"] > 0
+    assert (out / "profile.json").exists()
     assert summary["peers"]["cobali"]["output_tok_s"] > 0 and summary["peers"]["cobali-async"]["output_tok_s"] > 0
     assert "llama-server (no --bin)" in summary["skipped"]
     assert [row["rate"] for row in summary["sweep"]["servers"]["cobali"]["rows"]] == [8.0]

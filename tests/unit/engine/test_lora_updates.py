@@ -234,14 +234,18 @@ def hold_the_engine_thread(thread: EngineClient, gate: threading.Event) -> None:
     engine = thread.transport.engine
     assert engine is not None
     step = engine.step
+    entered = threading.Event()
 
     def held() -> list:
+        entered.set()
         gate.wait(10)
         engine.step = step  # type: ignore[method-assign]
         return step()
 
     engine.step = held  # type: ignore[method-assign]
     thread.submit([([1, 2, 3], PARAMS)])
+    # Until the engine's thread is in that tick: a message sent before it got there would be handled first.
+    assert entered.wait(10), "the engine never ticked"
 
 
 def test_the_routes_are_off_unless_asked_for() -> None:
