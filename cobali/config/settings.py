@@ -52,7 +52,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     command, flags = chain[-1], _flags(chain)
     try:
         found = _read(flags, _config_path(command.prog, argv))
-        values = {key: _convert(flags[key], value, origin) for key, (value, origin) in found.items()}
+        values = {key: convert_setting(flags[key], value, origin) for key, (value, origin) in found.items()}
     except ValueError as err:
         command.error(str(err))
     pending: dict[str, tuple[_Unset, Any]] = {}
@@ -145,11 +145,13 @@ def _read_file(model: type, path: str | None, flags: dict[str, argparse.Action])
     return data
 
 
-def _convert(action: argparse.Action, raw: Any, origin: str) -> Any:
+def convert_setting(action: argparse.Action, raw: Any, origin: str) -> Any:
     """The value the flag would give, through its own type and choices; ValueError naming `origin` if bad."""
     where = f"{origin} (for {'/'.join(action.option_strings)})"
     if action.nargs == 0:  # store_true, store_false: a boolean
         on = _boolean(raw, where)
+        if isinstance(action, argparse.BooleanOptionalAction):  # --x / --no-x: its const is None
+            return on
         if isinstance(action.const, bool):
             return action.const if on else not action.const
         return action.const if on else action.default

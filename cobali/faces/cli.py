@@ -10,6 +10,7 @@ import sys
 from cobali import __version__
 from cobali.config import settings
 from cobali.config.flags import engine_setup
+from cobali.config.model_flags import add_models_args, models_config
 from cobali.config.serve_flags import add_run_batch_args, add_serve_args, run_batch_config, server_config
 from cobali.faces import batch, bench, calibrate, run, simulate, synth_lora, synth_model
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(subparsers)
     serve = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     add_serve_args(serve)
+    add_models_args(serve)  # not in add_serve_args: model_flags builds on serve_flags
     serve.set_defaults(func=serve_command)
     calibrate.register(subparsers)
     simulate.register(subparsers)
@@ -56,6 +58,10 @@ def run_batch_command(args: argparse.Namespace) -> int:
 
 def serve_command(args: argparse.Namespace) -> int:
     """One engine in this process, or --replicas engines behind one endpoint with Ray Serve."""
+    if (models := models_config(args)) is not None:
+        from cobali.http.serve import serve_models
+
+        return serve_models(models)
     # A server runs for days: its ticks go to the metrics (Engine.on_tick), not into a list that only grows.
     spec, settings = engine_setup(args, record_ticks=False), server_config(args)
     if settings.replicas == 1:

@@ -103,6 +103,7 @@ class EngineClient:
         self.state = EngineState.LOADING
         self.error: str | None = None
         self.on_load_failed: Callable[[str], None] | None = None
+        self.on_ready: Callable[[], None] | None = None  # each time an engine is ready (after a restart too)
         self._lock = threading.Lock()  # guards what follows between the loop and receiving threads
         self._live: dict[int, Generation] = {}
         self._not_started: dict[int, AddRequest] = {}  # requests not started: sent again to an engine that restarts
@@ -285,6 +286,8 @@ class EngineClient:
                 self.state = EngineState.READY
         for message in waiting:  # after a restart: those that had not started, in the order they came
             self.transport.send(message)
+        if self.on_ready is not None:
+            self.on_ready()
         log.info("engine ready: %s, %d slots", model.description, model.max_slots)
 
     def _take(self, message: Outputs) -> None:

@@ -22,6 +22,7 @@ from cobali.frontend.interface import EngineSetup
 from cobali.frontend.transports import ThreadCore, Transport
 from cobali.http.app import create_app
 from cobali.http.config import ServerConfig
+from cobali.http.models_config import ModelsConfig
 
 log = logging.getLogger("cobali.http")
 
@@ -97,29 +98,52 @@ def serve(spec: EngineSetup, settings: ServerConfig) -> int:
     """Bad flag combinations failed when the configs were built, before the port is bound; the rest at load."""
     configure_logging()
     warn_if_open(settings)
-    tls = serves_tls(settings)
+    address = _address(settings)  # a TLS pair that does not load fails here, before anything is built
     app = build_app(spec, settings)
     client: EngineClient = app.state.server.client
-    # The engine aborts what is left when the grace period ends, and the clients get a 503; uvicorn's own
-    # timeout, which cancels handlers outright, is only a backstop.
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + 5,
-                            ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile)
-    server = DrainingServer(config, on_exit=lambda: client.drain(settings.shutdown_grace_s))
     load_errors: list[str] = []
+    server = _server(app, settings, on_exit=lambda: client.drain(settings.shutdown_grace_s))
 
     def load_failed(message: str) -> None:
         load_errors.append(message)
         server.should_exit = True
 
     client.on_load_failed = load_failed
-    # uvicorn re-raises the SIGTERM it caught once its shutdown is done, under the handler it found: make
-    # that a no-op, since by then the shutdown was graceful and the exit status should be 0.
-    signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
-    log.info("serving %s on %s://%s:%d (loading the model)", app.state.server.model_name,
-             "https" if tls else "http", settings.host, settings.port)
+    log.info("serving %s on %s (loading the model)", app.state.server.model_name, address)
     server.run()
     if load_errors:
         log.error("exiting: %s", load_errors[0])
         return 1
     return 0
+
+
+def serve_models(config: ModelsConfig) -> int:
+    """Many models behind one endpoint: each loads on demand in an engine process of its own."""
+    from cobali.http.models_app import create_models_app  # only a server of many models needs the router
+
+    configure_logging()
+    settings = config.front
+    warn_if_open(settings)
+    address = _address(settings)
+    app = create_models_app(config, build_app)
+    server = _server(app, settings, on_exit=lambda: app.state.models.drain(settings.shutdown_grace_s))
+    log.info("serving %s on %s (models load on demand)", ", ".join(m.entry.name for m in config.models),
+             address)
+    server.run()
+    return 0
+
+
+def _address(settings: ServerConfig) -> str:
+    return f"{'https' if serves_tls(settings) else 'http'}://{settings.host}:{settings.port}"
+
+
+def _server(app: FastAPI, settings: ServerConfig, on_exit: Callable[[], None]) -> DrainingServer:
+    # The engine aborts what is left when the grace period ends, and the clients get a 503; uvicorn's own
+    # timeout, which cancels handlers outright, is only a backstop.
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + 5,
+                            ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile)
+    # uvicorn re-raises the SIGTERM it caught once its shutdown is done, under the handler it found: make
+    # that a no-op, since by then the shutdown was graceful and the exit status should be 0.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
+    return DrainingServer(config, on_exit=on_exit)

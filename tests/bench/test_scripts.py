@@ -88,7 +88,8 @@ SLOW = [
     Run("serving/batch_ray.py", "--prompts 4 --max-new 2 --replicas 1 --out {tmp}", "as one process"),
 ]
 RUN_BY_TESTS_BELOW = ("engine/slot_gaps.py", "sim/sim_vs_real.py", "serving/idle_stream.py",
-                      "structured/structured_vs_servers.py")
+                      "structured/structured_vs_servers.py", "serving/many_models.py",
+                      "serving/many_models_client.py", "serving/many_models_servers.py")
 ELSEWHERE = {
     "gpu/kit.py": "tests/integration/test_gpu_kit.py runs the kit on CPU",
     "gpu/kit_report.py": "tests/integration/test_gpu_kit.py (kit.py writes its summary with it)",
@@ -158,6 +159,18 @@ def test_the_clients_of_a_running_server_run_against_cobali_serve() -> None:
                                                     "--max-tokens", "4"]), "TPOT")
         check(run_script("structured/structured_vs_servers.py", ["--url", f"cobali={base}", "--rounds", "1",
                                                                  "--requests", "1", "--max-tokens", "8"]), "grammar")
+
+
+def test_many_models_runs_against_cobali_serve_of_three_models(tmp_path: Path) -> None:
+    """many_models.py (and its two helper modules) starts `cobali serve --models` on the embedded model under
+    three names, with its default budget (two fit, three don't), and runs every phase: it exits 1 when one could
+    not run."""
+    model = require_embedded_model()
+    args = ["--start", "cobali", "--files", *(f"{name}={model}" for name in "abc"),
+            "--port", str(soak_module().free_port()), "--repeats", "1", "--clients", "2", "--requests", "4",
+            "--memory-clients", "2", "--memory-requests", "6", "--max-tokens", "4", "--slots", "2", "--ctx", "512",
+            "--threads", "1", "--out", str(tmp_path)]
+    check(run_script("serving/many_models.py", args), "evictions cycling A, B, C")
 
 
 def test_every_script_is_run_or_excused() -> None:

@@ -270,3 +270,11 @@ def test_beyond_loopback_without_a_key_warns_loudly(host: str, monkeypatch: pyte
     assert "--api-key-file" in logged
     assert "WARNING" not in served_log(ServerConfig(host=host, api_keys=("k",)), monkeypatch, caplog)
 
+
+
+@pytest.mark.parametrize(("value", "expected"), [("true", True), ("off", False)])
+def test_a_flag_with_a_no_form_comes_from_the_environment(value: str, expected: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """--two-pass-ticks / --no-two-pass-ticks (argparse's BooleanOptionalAction, whose const is None)."""
+    monkeypatch.setenv("COBALI_TWO_PASS_TICKS", value)
+    assert parse(["serve"]).two_pass_ticks is expected
