@@ -34,8 +34,9 @@ RUN_MARKER = "# runs in the tests"
 # Doc commands run from the checkout's root: the scratch directory they run in sees these of its folders.
 LINKED_DIRS = ("workloads", "cobali")
 # Files some flags read while the command line is parsed (--api-key-file, --lora-modules): a doc's placeholder
-# for one must be named here. Each holds one line (a key, for a key file).
-PLACEHOLDER_FILES = ("keys.txt", "lora.gguf")
+# for one must be named here (a folder's too, --models-dir's, by a file in it). Each holds one line (a key, for a
+# key file).
+PLACEHOLDER_FILES = ("keys.txt", "lora.gguf", "chat.gguf", "coder.gguf", "models/chat.gguf")
 RUN_TIMEOUT_S = 180  # a marked command takes seconds; this is for a loaded 2-core machine
 SEPARATORS = frozenset({"&&", "||", ";", "|", "&"})
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*(.*)$")
@@ -131,6 +132,7 @@ def scratch_checkout(directory: Path) -> Path:
     for name in LINKED_DIRS:
         (directory / name).symlink_to(ROOT / name)
     for name in PLACEHOLDER_FILES:
+        (directory / name).parent.mkdir(exist_ok=True)
         (directory / name).write_text("placeholder\n")
     return directory
 
