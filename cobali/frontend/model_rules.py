@@ -111,6 +111,12 @@ class Slot:
         """Loaded, and neither held nor about to be (a request waiting for it): eviction and expiry may take it."""
         return self.state == "loaded" and not self.entry.pinned and self.in_flight == 0 and self.waiting == 0
 
+    def evictable(self, busy_too: bool) -> bool:
+        """May be unloaded for another model: loaded, unpinned, no request waiting for it; idle, unless busy_too
+        (then it is drained: its requests in flight finish first)."""
+        return (self.state == "loaded" and not self.entry.pinned and self.waiting == 0
+                and (busy_too or self.in_flight == 0))
+
     def keep_alive(self, policy: ModelPolicy) -> float:
         for seconds in (self.keep_alive_s, self.entry.keep_alive_s):
             if seconds is not None:
@@ -147,22 +153,25 @@ def overflow(slots: Iterable[Slot], slot: Slot, policy: ModelPolicy, *, after_cl
 
 
 def victims(slots: Iterable[Slot], slot: Slot, policy: ModelPolicy, now: float) -> tuple[list[Slot], float]:
-    """The least recently used idle models whose eviction makes `slot` fit once the closes in progress end ([]
-    when nothing more need go, or when even all of them would not do), and the seconds until another model's
-    minimum residency ends (inf: none)."""
-    slots = list(slots)
+    """The least recently used models whose eviction makes `slot` fit once the closes in progress end ([] when
+    nothing more need go, or when even all of them would not do), and the seconds until another model's minimum
+    residency ends (inf: none). Idle models first; then, where they do not make room, models serving requests:
+    those are drained (their requests finish, new ones wait), so that a steady stream of requests to one model
+    cannot keep another from ever loading (Ollama queues behind the busy runner the same way)."""
+    slots = sorted(slots, key=lambda candidate: candidate.used)
     over_bytes, over_count = overflow(slots, slot, policy, after_closes=True)
     chosen: list[Slot] = []
     soonest = math.inf
-    for other in sorted(slots, key=lambda candidate: candidate.used):
-        if (over_bytes <= 0 and over_count <= 0) or not other.idle():
-            continue
-        resident_until = other.loaded_at + policy.min_resident_s
-        if resident_until > now:
-            soonest = min(soonest, resident_until - now)
-            continue
-        chosen.append(other)
-        over_bytes, over_count = over_bytes - other.bytes, over_count - 1
+    for busy_too in (False, True):
+        for other in slots:
+            if (over_bytes <= 0 and over_count <= 0) or other in chosen or not other.evictable(busy_too):
+                continue
+            resident_until = other.loaded_at + policy.min_resident_s
+            if resident_until > now:
+                soonest = min(soonest, resident_until - now)
+                continue
+            chosen.append(other)
+            over_bytes, over_count = over_bytes - other.bytes, over_count - 1
     return (chosen if over_bytes <= 0 and over_count <= 0 else []), soonest
 
 

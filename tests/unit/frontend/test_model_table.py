@@ -203,18 +203,52 @@ def test_pinned_models_that_cannot_all_be_loaded_are_the_operators_error() -> No
         ModelTable(entries, _policy(memory_bytes=100, max_loaded=1), FakeLoader({}, 100))
 
 
-def test_a_model_in_use_is_never_evicted_and_the_waiter_gets_room_when_its_lease_ends() -> None:
+def test_a_model_in_use_is_drained_never_closed_under_its_lease_and_the_waiter_gets_room_when_it_ends() -> None:
+    """a serves a request when b is asked for and only one fits: a takes no new request (they wait), its lease
+    runs to its end, then a is closed and b loads; a request for a after b's then waits for a's turn."""
     table, fake = _table({"a": 6, "b": 6}, _policy())
 
     async def main() -> None:
         async with table.lease("a", "c"):
             waiter = asyncio.create_task(_use(table, "b"))
-            await _until(lambda: _status(table, "b").waiting == 1, "b waits")
+            await _until(lambda: _state(table, "a") == "unloading", "a is drained for b")
+            late_a = asyncio.create_task(_use(table, "a"))
             await asyncio.sleep(0.05)
-            assert not waiter.done() and fake.closes == [], "a model was evicted under its lease"
-            assert _state(table, "a") == "loaded", "a model in use was set to unload"
+            assert not waiter.done() and not late_a.done() and fake.closes == [], "a model was closed under its lease"
         await waiter
-        assert fake.closes == ["a"] and fake.breaches == []
+        assert fake.closes[0] == "a" and fake.loads[:2] == ["a", "b"]
+        await late_a  # b idle again: a's turn
+        assert fake.breaches == []
+
+    _run(main)
+
+
+def test_a_steady_stream_of_requests_to_one_model_does_not_starve_another() -> None:
+    """Requests to a, each overlapping the next, never leave a idle: b's request still gets its turn."""
+    table, fake = _table({"a": 6, "b": 6}, _policy(load_timeout_s=30.0))
+
+    async def stream_of_a(stop: asyncio.Event) -> None:
+        async def one() -> None:
+            async with table.lease("a", "c"):
+                await asyncio.sleep(0.01)
+
+        running: set[asyncio.Task] = set()
+        while not stop.is_set():
+            task = asyncio.create_task(one())
+            running.add(task)
+            task.add_done_callback(running.discard)
+            await asyncio.sleep(0.005)  # a new one before the last ends
+        await asyncio.gather(*running)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        await _use(table, "a")
+        feeder = asyncio.create_task(stream_of_a(stop))
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(_use(table, "b"), 10)
+        stop.set()
+        await feeder
+        assert "b" in fake.loads and fake.breaches == []
 
     _run(main)
 
