@@ -159,7 +159,7 @@ def serve_child(port: int, concurrency: int, sleep_s: float, n_vocab: int, ticks
     from cobali.http.serve import configure_logging
 
     factory = functools.partial(timed_engine, concurrency, sleep_s, n_vocab, overlap, ticks_file)
-    transport: Transport = (ProcessCore(factory, functools.partial(null_text_side, concurrency, n_vocab))
+    transport: Transport = (ProcessCore(factory, lambda: functools.partial(null_text_side, concurrency, n_vocab))
                             if engine_process else ThreadCore(factory))
 
     def stop(*_args) -> None:

@@ -1,14 +1,20 @@
 """An engine core in a process of its own: the frontend's messages come in on one local socket, the core's go out
 on another, msgpack both ways (messages.py). The frontend starts it (cobali/frontend/engine_process.py), and
-starts another when it dies; it ends on a Shutdown, or by itself once the frontend's process is gone."""
+starts another when it dies; it ends on a Shutdown, or by itself once the frontend's process is gone. A server of
+many models starts one ahead of need as a spare (serve_spare), which becomes an engine when a load comes.
+
+Each names its process (Linux's comm: `ps`, `top`): an engine "cobali-engine", a spare "cobali-spare"."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import threading
 from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
 
 import msgspec
 import zmq
@@ -23,6 +29,7 @@ LINGER_MS = 2000  # what the core sent last (its final outputs) still goes out f
 
 def serve_core(factory: Callable[[], Engine], to_core: str, from_core: str) -> None:
     """The process's main: load the engine with `factory`, then serve messages until told to stop."""
+    _name_process("cobali-engine")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("cobali").setLevel(logging.INFO)
     context = zmq.Context()
@@ -43,6 +50,27 @@ def serve_core(factory: Callable[[], Engine], to_core: str, from_core: str) -> N
         inbox.close(linger=0)
         outbox.close(linger=LINGER_MS)
         context.term()
+
+
+def serve_spare(work: Connection, preload: tuple[str, ...]) -> None:
+    """A spare's main (cobali.frontend.engine_process.SparePool): the modules an engine's process needs,
+    imported ahead of need; then, blocked on `work` until a load comes, serve_core with the factory and the
+    sockets sent there. It ends unused once `work` is closed: the pool stopped, or the frontend's process is gone."""
+    _name_process("cobali-spare")
+    for module in preload:
+        importlib.import_module(module)
+    try:
+        factory, to_core, from_core = work.recv()
+    except EOFError:
+        return
+    finally:
+        work.close()
+    serve_core(factory, to_core, from_core)
+
+
+def _name_process(name: str) -> None:
+    with contextlib.suppress(OSError):  # Linux's; elsewhere the process keeps its interpreter's name
+        Path("/proc/self/comm").write_text(name)
 
 
 def _serve(factory: Callable[[], Engine], send: Callable[[FromCore], None],

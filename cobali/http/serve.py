@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from cobali.frontend.chat_template import JinjaChatTemplate
 from cobali.frontend.client import EngineClient
-from cobali.frontend.engine_process import ProcessCore, model_text_side
+from cobali.frontend.engine_process import ProcessCore, SparePool, model_text_side
 from cobali.frontend.interface import EngineSetup
 from cobali.frontend.transports import ThreadCore, Transport
 from cobali.http.app import create_app
@@ -76,9 +76,10 @@ def serves_tls(settings: ServerConfig) -> bool:
     return True
 
 
-def build_app(spec: EngineSetup, server: ServerConfig) -> FastAPI:
+def build_app(spec: EngineSetup, server: ServerConfig, spares: SparePool | None = None) -> FastAPI:
     """The server's app from its configs, around an engine client that builds the engine from `spec` once the
-    app starts; each Ray Serve replica hosts one too (cobali.ray.serve)."""
+    app starts; each Ray Serve replica hosts one too (cobali.ray.serve). spares: a server of many models' spare
+    engine processes, for an engine in a process of its own."""
     model_name = server.served_model_name or spec.model_name()
     if server.chat_template is not None:
         JinjaChatTemplate(server.chat_template)  # a template that does not compile fails here, not per request
@@ -89,7 +90,7 @@ def build_app(spec: EngineSetup, server: ServerConfig) -> FastAPI:
     server = dataclasses.replace(server, served_model_name=model_name)
     transport: Transport = ThreadCore(spec.build_engine)
     if server.engine_process:
-        transport = ProcessCore(spec.build_engine, functools.partial(model_text_side, spec))
+        transport = ProcessCore(spec.build_engine, functools.partial(model_text_side, spec), spares=spares)
     return create_app(server, EngineClient(transport, max_queue=server.max_queue,
                                            stream_interval=server.stream_interval))
 
@@ -125,11 +126,15 @@ def serve_models(config: ModelsConfig) -> int:
     settings = config.front
     warn_if_open(settings)
     address = _address(settings)
-    app = create_models_app(config, build_app)
-    server = _server(app, settings, on_exit=lambda: app.state.models.drain(settings.shutdown_grace_s))
-    log.info("serving %s on %s (models load on demand)", ", ".join(m.entry.name for m in config.models),
-             address)
-    server.run()
+    spares = SparePool()  # an engine process started ahead of each load: a cold model's load skips its start
+    try:
+        app = create_models_app(config, functools.partial(build_app, spares=spares))
+        server = _server(app, settings, on_exit=lambda: app.state.models.drain(settings.shutdown_grace_s))
+        log.info("serving %s on %s (models load on demand)", ", ".join(m.entry.name for m in config.models),
+                 address)
+        server.run()
+    finally:
+        spares.stop()
     return 0
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,7 +24,15 @@ MAX_TOKENS = 48  # long enough that the kill lands while model b's streams run
 
 
 def engine_pids(server_pid: int) -> set[int]:
-    return {pid for pid, cmdline in children(server_pid).items() if b"multiprocessing.spawn" in cmdline}
+    """Its models' engines, by the name each gives its process: not the spare that waits for the next load."""
+    return {pid for pid in children(server_pid) if process_name(pid) == "cobali-engine"}
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # gone meanwhile
+        return ""
 
 
 def stream_text(client: OpenAI, model: str) -> str:

@@ -64,7 +64,7 @@ async def finals(generation: Generation) -> list:
 
 
 def run(scenario: Callable[[EngineClient, ProcessCore], Awaitable[None]], max_slots: int = 1, **options) -> None:
-    core = ProcessCore(functools.partial(slow_engine, max_slots), text_side, **options)
+    core = ProcessCore(functools.partial(slow_engine, max_slots), lambda: text_side, **options)
     client = EngineClient(core)
 
     async def main() -> None:
@@ -143,7 +143,7 @@ def test_the_server_says_restarting_counts_restarts_and_ends_a_stream_in_band() 
     from cobali.http.app import create_app
     from cobali.http.config import ServerConfig
 
-    core = ProcessCore(functools.partial(slow_engine, 1), text_side, first_backoff_s=1.0)
+    core = ProcessCore(functools.partial(slow_engine, 1), lambda: text_side, first_backoff_s=1.0)
     app = create_app(ServerConfig(served_model_name="m"), EngineClient(core))
     with TestClient(app) as http:
         deadline = time.monotonic() + READY_WITHIN_S
