@@ -29,6 +29,7 @@ from cobali.engine.policies import (
 )
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
+from cobali.engine.running_prefixes import RunningPrefixes
 from cobali.engine.speculative import Drafter, NgramDrafter
 from cobali.engine.tick import Admitting, Runnable, TickBuilder, TickQueues
 
@@ -58,8 +59,9 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         # With per-sequence KV streams, ticks laid out for two forward passes at most; a unified KV runs any in one.
         self.layout = TwoPassTicks(n_batch) if config.two_pass_ticks and not self.accountant.unified else None
+        self._prefixes = RunningPrefixes(slots.min_reuse_tokens) if slots.prefix_cache else None
         self._queues = TickQueues(slots, self.waiting, self.running, self.admission, n_batch, prefill_tile,
-                                  self.layout)
+                                  self.layout, self._prefixes)
         self.tick = 0
         self.preemptions = 0
         self._recent_preemptions: deque[int] = deque()
@@ -74,6 +76,8 @@ class Scheduler:
             self.waiting.remove(request)
         if request in self.running:
             self.running.remove(request)
+            if self._prefixes is not None:
+                self._prefixes.discard(request)
         if self.drafter is not None:
             self.drafter.forget(request.id)
         if request.slot is not None:

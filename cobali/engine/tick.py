@@ -14,13 +14,9 @@ from cobali.engine.plan import Chunk, ChunkKind
 from cobali.engine.policies import AdmissionPolicy, KvPolicy, TwoPassTicks
 from cobali.engine.queue import WaitQueue
 from cobali.engine.request import Request, RequestState
+from cobali.engine.running_prefixes import RunningPrefixes
 from cobali.engine.speculative import Drafter, can_speculate
 from cobali.engine.ubatches import SeqRows, count_passes
-
-
-def _first_tokens(request: Request, n: int) -> list[int]:
-    prompt = request.prompt_tokens
-    return prompt[:n] if len(prompt) >= n else request.all_tokens[:n]
 
 
 def fit_to_tile(n: int, left: int, room: int, tile: int) -> int:
@@ -51,6 +47,7 @@ class TickQueues:
     n_batch: int
     prefill_tile: int  # the backend's shortest fast prefill chunk (BackendInfo.prefill_tile)
     layout: TwoPassTicks | None = None  # None: any layout runs in one pass (a unified KV), or no bound is kept
+    prefixes: RunningPrefixes | None = None  # the running requests by their first tokens; None: no prefix cache
 
 
 class Runnable(NamedTuple):
@@ -214,15 +211,9 @@ class TickBuilder:
         while not acc.can_hold(spare, need) and q.slots.evict_one(spare):
             pass
         sources = None
-        if q.slots.prefix_cache:
-            # Lazily, and only the running requests whose KV starts as this prompt does: a prefix shorter
-            # than min_reuse_tokens is never reused, and hundreds of running requests must not cost a copy each
-            # (another cache_salt's KV never matches its keys: not worth a copy either).
-            head, salt = request.all_tokens[: q.slots.min_reuse_tokens], request.params.cache_salt
+        if q.prefixes is not None:  # lazily: each source read costs a copy of its keys
             sources = ((r.slot, np.asarray(r.kv_key(r.computed_tokens), dtype=KEY_DTYPE))
-                       for r in q.running if r.slot is not None and r.id not in self.admitted
-                       and r.computed_tokens >= len(head) and r.params.cache_salt == salt
-                       and _first_tokens(r, len(head)) == head)
+                       for r in q.prefixes.sources_for(request, self.admitted) if r.slot is not None)
         assignment = q.slots.assign(reusable, sources)
         while not acc.can_hold(assignment.slot, need) and q.slots.evict_one():
             pass  # the spared prefix was not reused in place after all (a longer one was found elsewhere)
@@ -233,6 +224,8 @@ class TickBuilder:
         acc.hold(assignment.slot, need)
         request.transition(RequestState.PREFILL)
         q.running.append(request)
+        if q.prefixes is not None:
+            q.prefixes.add(request)
         self.admitted.append(request.id)
 
     def _add(self, request: Request, n: int, kind: ChunkKind) -> None:
