@@ -3,14 +3,17 @@
     .venv/bin/python bench/sim/routing.py        # conversations over shared contexts, 8 to 64 replicas
     .venv/bin/python bench/sim/routing.py --workload random --rate-per-replica 5   # no shared prefix: lose nothing
     .venv/bin/python bench/sim/routing.py --replicas 8 --customers-per-replica 0.125 --users 128   # one hot context
+    .venv/bin/python bench/sim/routing.py --routers least-busy text kv   # power of two, the text tree, the KV
 
 The conversations are llm-d's test of its prefix scorer (150 customers, 6k-token contexts, 8 pods) scaled down:
 per replica, --customers-per-replica customers with a --context-tokens context each, --users each holding
 --turns turns (cobali/sim/conversations.py), at --rate-per-replica requests/s; so every replica count sees the
 same load per replica. Each replica is the real engine on the simulated device of --profile, with its KV on the
-device only (no host tier: --host-cache-mib) as vLLM's pods in llm-d's test. Routers: least-tokens (the fewest
-queued tokens, exact and live: the simulator's default) and kv (frontend/prefix_routing.py, on digests reported
-every --report-period s). Figures are in virtual time.
+device only (no host tier: --host-cache-mib) as vLLM's pods in llm-d's test. Routers (--routers): least-tokens
+(the fewest queued tokens, exact and live: the simulator's default), least-busy (power of two choices on requests
+in flight, Ray Serve's default), text (frontend/text_prefix_routing.py: a character-level tree of what was sent
+each replica, over a stand-in text of the tokens) and kv (frontend/prefix_routing.py, on digests reported every
+--report-period s). Figures are in virtual time.
 """
 
 from __future__ import annotations
@@ -23,15 +26,20 @@ import numpy as np
 from cobali.engine.costs import load_profile
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.prefix_routing import RoutingConfig
+from cobali.frontend.text_prefix_routing import TextRoutingConfig
 from cobali.harness.workloads import arrival_offsets
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimSpec, simulate
 from cobali.sim.conversations import ConversationShape, conversations
+from cobali.sim.routers import PowerOfTwo
+
+ROUTERS = ("least-tokens", "least-busy", "text", "kv")
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--routers", nargs="+", choices=ROUTERS, default=["least-tokens", "kv"])
     parser.add_argument("--workload", choices=("conversations", "random"), default="conversations")
     parser.add_argument("--profile", default="h100-llama-8b")
     parser.add_argument("--rate-per-replica", type=float, default=10.0, help="requests/s")
@@ -48,6 +56,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--host-cache-mib", type=int, default=0)
     parser.add_argument("--report-period", type=float, default=RoutingConfig.report_period_s, metavar="S")
     parser.add_argument("--balance-abs", type=int, default=RoutingConfig.balance_abs)
+    parser.add_argument("--imbalance", type=int, default=TextRoutingConfig.imbalance, help="text's balance threshold")
+    parser.add_argument("--max-chars", type=int, default=TextRoutingConfig.max_chars, help="text's tree per replica")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
@@ -81,16 +91,20 @@ def main() -> None:
     args = parse_args()
     config = EngineConfig(max_slots=args.max_slots, n_batch=args.n_batch, host_cache_mib=args.host_cache_mib,
                           record_ticks=False)
-    base = SimSpec(load_profile(args.profile), config, n_ctx_seq=args.kv_cells, kv_unified=True, seed=args.seed)
-    routing = RoutingConfig(report_period_s=args.report_period, balance_abs=args.balance_abs)
+    profile = load_profile(args.profile)
+    base = SimSpec(profile, config, n_ctx_seq=args.kv_cells, kv_unified=True, seed=args.seed,
+                   chars_per_token=profile.chars_per_token)
+    routings = {"least-tokens": None, "least-busy": PowerOfTwo(),
+                "text": TextRoutingConfig(imbalance=args.imbalance, max_chars=args.max_chars),
+                "kv": RoutingConfig(report_period_s=args.report_period, balance_abs=args.balance_abs)}
     n_vocab = SimBackend(base.costs).n_vocab
     print(f"{'replicas':>8} {'router':>13} {'requests':>8} {'TTFT p50':>9} {'TTFT p90':>9} {'req/s':>8} "
           f"{'out tok/s':>9} {'hit':>7} {'by load':>7} {'sim s':>7}   (TTFT in ms)")
     for replicas in args.replicas:
         items, arrivals = workload(args, replicas, n_vocab)
         spec = replace(base, replicas=replicas)
-        print(row(replicas, "least-tokens", spec, items, arrivals), flush=True)
-        print(row(replicas, "kv", replace(spec, routing=routing), items, arrivals), flush=True)
+        for router in args.routers:
+            print(row(replicas, router, replace(spec, routing=routings[router]), items, arrivals), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from cobali.http.config import (
     DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
     DEFAULT_MAX_STREAM_BUFFER_CHARS,
     DEFAULT_SEND_TIMEOUT_S,
+    ROUTERS,
     ServerConfig,
 )
 
@@ -63,6 +64,30 @@ def _origin(text: str) -> str:
     if text != "*" and ("://" not in text or "/" in text.split("://", 1)[1]):
         raise argparse.ArgumentTypeError(f"expected an origin such as https://app.example.com or *, got {text!r}")
     return text
+
+
+def _numbers(text: str, count: int, flag_help: str) -> list[float]:
+    parts = text.split(",")
+    try:
+        values = [float(part) for part in parts]
+    except ValueError:
+        values = []
+    if len(values) != count or any(value < 0 for value in values):
+        raise argparse.ArgumentTypeError(f"expected {flag_help}, got {text!r}")
+    return values
+
+
+def _router_weights(text: str) -> tuple[float, float, float]:
+    prefix, queue, kv = _numbers(text, 3, "PREFIX,QUEUE,KV: three weights >= 0, such as 3,2,2")
+    return prefix, queue, kv
+
+
+def _router_balance(text: str) -> tuple[int, float]:
+    absolute, relative = _numbers(text, 2, "ABS,REL: requests >= 0 and a ratio >= 1, such as 64,1.5")
+    if absolute != int(absolute) or relative < 1:
+        raise argparse.ArgumentTypeError(f"expected ABS,REL: a whole number of requests and a ratio >= 1, "
+                                         f"got {text!r}")
+    return int(absolute), relative
 
 
 def _lora_module(text: str) -> tuple[str, str]:
@@ -151,13 +176,37 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-stream-buffer", type=positive_int, default=DEFAULT_MAX_STREAM_BUFFER_CHARS,
                         metavar="CHARS", help="text a stream may hold for a client that falls behind; beyond it "
                         "the client is dropped, its request aborted")
-    parser.add_argument("--engine-process", action="store_true",
-                        help="run the engine in a process of its own: a crash in llama.cpp then costs a restart "
-                             "(requests that had started end with an error, the others wait for it), not the server")
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the engine in a process of its own (the default): a crash in llama.cpp then costs "
+                             "a restart (requests that had started end with an error, the others wait for it), not "
+                             "the server; --no-engine-process runs it on a thread of the server's process")
     parser.add_argument("--replicas", type=positive_int, default=1,
                         help="engines behind one endpoint, with Ray Serve (optional extra: pip install 'cobali[ray]')")
     parser.add_argument("--ray-address", default=None,
                         help="Ray cluster for --replicas > 1 (default: start a local one)")
+    _add_replica_args(parser)
+
+
+def _add_replica_args(parser: argparse.ArgumentParser) -> None:
+    """Ray Serve's autoscaling, and how requests are routed among the replicas (docs/serving.md, Replicas)."""
+    parser.add_argument("--min-replicas", type=non_negative_int, default=None, metavar="N",
+                        help="autoscale between N and --max-replicas replicas (default 1), instead of --replicas")
+    parser.add_argument("--max-replicas", type=positive_int, default=None, metavar="N",
+                        help="autoscale up to N replicas, by requests in flight (Ray Serve's autoscaling)")
+    parser.add_argument("--target-ongoing-requests", type=positive_float, default=None, metavar="N",
+                        help="requests in flight per replica the autoscaler aims at (default: Ray Serve's, 2)")
+    parser.add_argument("--router", choices=ROUTERS, default=None,
+                        help="how a request picks its replica: kv (default), where its prompt's KV is as the "
+                             "replicas report it, unless the load says otherwise; text, by the prompts' text sent to "
+                             "each; least-busy, the less busy of two drawn at random")
+    parser.add_argument("--router-weights", type=_router_weights, default=None, metavar="PREFIX,QUEUE,KV",
+                        help="the kv router's score: prefix matched, minus queued work, minus KV in use, weighted "
+                             "(default 3,2,2, llm-d's)")
+    parser.add_argument("--router-balance", type=_router_balance, default=None, metavar="ABS,REL",
+                        help="the kv router ignores prefixes when the longest queue exceeds the shortest by more than "
+                             "ABS requests and REL times (default 64,1.5, SGLang's)")
+    parser.add_argument("--routing-stats-period", type=positive_float, default=None, metavar="S",
+                        help="how often each replica reports the prefixes it holds to the router (default 1 s)")
 
 
 def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
@@ -190,6 +239,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         ssl_certfile=args.ssl_certfile,
                         max_body_bytes=args.max_body_bytes, served_model_name=args.served_model_name,
                         shutdown_grace_s=args.shutdown_grace, replicas=args.replicas,
+                        min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                        target_ongoing_requests=args.target_ongoing_requests, router=args.router,
+                        router_weights=args.router_weights, router_balance=args.router_balance,
+                        routing_stats_period_s=args.routing_stats_period,
                         engine_process=args.engine_process, ray_address=args.ray_address,
                         chat_template=args.chat_template, stream_interval=args.stream_interval,
                         reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,

@@ -25,8 +25,10 @@ from cobali.engine.messages import (
     FromCore,
     LoadAdapter,
     Outputs,
+    ReadRoutingReport,
     ReadSlots,
     Ready,
+    RoutingReport,
     Shutdown,
     TickSummary,
     ToCore,
@@ -34,6 +36,7 @@ from cobali.engine.messages import (
 )
 from cobali.engine.outputs import RequestOutput, refused
 from cobali.engine.plan import TickRecord
+from cobali.engine.prefix_digest import DigestBuilder
 
 # Cached prefixes go to host memory ahead of need only once the engine has idled this long, one at a time: a
 # client that sends its next request at once must not wait for a save (a save in its way doubled such a prompt's
@@ -42,6 +45,9 @@ SAVE_AFTER_IDLE_S = 0.05
 IDLE_WAIT_S = 0.5  # only bounds how late a missed wake-up could be noticed
 # The gauges ride along with outputs this often, with any output that ends a request, and when the engine idles.
 STATS_EVERY_S = 0.05
+# Routing reports' digests kept, one per (block_tokens, max_blocks) asked: each remembers the arrays of its last
+# report (their hashes are reused). A deployment's routers ask in one shape; more are forgotten oldest first.
+MAX_DIGESTS = 4
 
 log = logging.getLogger("cobali.engine")
 
@@ -58,6 +64,7 @@ class EngineCore:
         self._stats_sent_at = 0.0
         self._lock = threading.Lock()  # the ticks' summaries: added on one thread, sent from another
         self._embedder = ThreadPoolExecutor(1, thread_name_prefix="cobali-embed")  # beside the ticks, one at a time
+        self._digests: dict[tuple[int, int], DigestBuilder] = {}
         self.stopping = False
         engine.on_tick = self._tick_done
         engine.on_outputs = self._hand_out
@@ -116,6 +123,8 @@ class EngineCore:
         try:
             if isinstance(call, ReadSlots):
                 answer = CallDone(call.call_id, slots=list(self.engine.slot_states()))
+            elif isinstance(call, ReadRoutingReport):
+                answer = CallDone(call.call_id, report=self.routing_report(call.block_tokens, call.max_blocks))
             elif isinstance(call, LoadAdapter):
                 answer = CallDone(call.call_id, index=self.engine.load_adapter(call.path))
             else:
@@ -125,6 +134,21 @@ class EngineCore:
         except Exception as err:  # the caller's to report (a bad adapter file is a 400)
             answer = CallDone(call.call_id, error_kind=type(err).__name__, error=str(err))
         self._send(answer)
+
+    def routing_report(self, block_tokens: int, max_blocks: int) -> RoutingReport:
+        """What the engine holds and how busy it is, now (between two ticks); ValueError for a shape below 1."""
+        engine = self.engine
+        hashes = self.digest_builder(block_tokens, max_blocks).digest(engine.held_prefixes())
+        return RoutingReport(hashes, engine.kv_use(), engine.waiting_tokens(), engine.n_queued, engine.n_running)
+
+    def digest_builder(self, block_tokens: int, max_blocks: int) -> DigestBuilder:
+        """The digest that reports of this shape go on from (with the hashes of the arrays their last one saw)."""
+        shape = (block_tokens, max_blocks)
+        builder = self._digests.pop(shape, None) or DigestBuilder(block_tokens, max_blocks)
+        self._digests[shape] = builder  # the most recently asked last
+        if len(self._digests) > MAX_DIGESTS:
+            del self._digests[next(iter(self._digests))]
+        return builder
 
     def _embed(self, call: Embed) -> None:
         try:

@@ -23,12 +23,12 @@ from cobali.engine.costs import CostProfile
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.executor import Executor, StepResult
 from cobali.engine.kv import SlotPool
-from cobali.engine.kv_tier import KEY_DTYPE
 from cobali.engine.messages import AddRequest
 from cobali.engine.outputs import EngineStats, RequestOutput, final_output_of, output_of
 from cobali.engine.overlap import Pipeline
 from cobali.engine.plan import ChunkKind, Plan, TickRecord
-from cobali.engine.request import Drafted, FinishReason, Request
+from cobali.engine.prefix_digest import GrowingKeys
+from cobali.engine.request import Drafted, FinishReason, Request, RequestState
 from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.scheduler import Scheduler
 from cobali.engine.tokenizer import Tokenizer
@@ -99,6 +99,21 @@ class Engine:
         """Requests added and not ended yet."""
         return len(self._requests)
 
+    @property
+    def n_running(self) -> int:
+        """Requests holding a slot."""
+        return len(self._scheduler.running)
+
+    def kv_use(self) -> float:
+        """The share of the KV's cells the running requests fill, 0..1 (cached prefixes are there to be evicted)."""
+        return min(1.0, self._kv_used_tokens() / self._backend.info.n_ctx)
+
+    def waiting_tokens(self) -> int:
+        """Tokens the requests added and not ended must still prefill: their prompts' (a preempted one's outputs
+        too) not computed yet; a request that generates has none."""
+        return sum(r.n_context_tokens - r.computed_tokens for r in list(self._requests.values())
+                   if r.state is RequestState.PENDING or r.state is RequestState.PREFILL)
+
     def load_adapter(self, path: str) -> int:
         """Load a LoRA adapter (between ticks, on the engine's thread): its index, for add_request's lora."""
         return self._adapters.load(path)
@@ -110,13 +125,14 @@ class Engine:
         """Forget every cached prefix, so that the next requests compute theirs (a measurement's cold start)."""
         self._slots.drop_cached_prefixes()
 
-    def held_prefixes(self) -> list[np.ndarray]:
+    def held_prefixes(self) -> list[np.ndarray | GrowingKeys]:
         """The prefix cache's keys (Request.kv_key) of every KV this engine holds, the most recently used first: the
         running requests', the free slots' cached prefixes, then host memory's. What a router's digest is made of
-        (frontend/prefix_digest.py); on the engine's thread, between two ticks. The cached arrays are the pool's own:
+        (engine/prefix_digest.py); on the engine's thread, between two ticks. The cached arrays are the pool's own:
         never to be changed."""
         slots = self._slots
-        running = [np.asarray(r.kv_key(r.computed_tokens), dtype=KEY_DTYPE) for r in reversed(self._scheduler.running)]
+        running: list[np.ndarray | GrowingKeys] = [GrowingKeys(r.id, r.computed_tokens, r.kv_key)
+                                                   for r in reversed(self._scheduler.running)]
         cached = [slots._cached[s] for s in reversed(slots._free.in_release_order()) if s in slots._cached]
         host = [] if slots.host is None else [*reversed(slots.host._entries.values())]
         return running + cached + host
@@ -357,6 +373,9 @@ class Engine:
             request.stop_reason = request.stream.stop_hit if stopped else (last if last in ids else None)
         self._made.append(final_output_of(request, text))
 
+    def _kv_used_tokens(self) -> int:
+        return sum(r.computed_tokens for r in list(self._scheduler.running))
+
     def stats(self) -> EngineStats:
         """The gauges and totals now; from any thread."""
         scheduler, slots, executor, budget = self._scheduler, self._slots, self._executor, self._scheduler.budget
@@ -364,7 +383,7 @@ class Engine:
         tail = budget.tail if isinstance(budget, AdaptiveBudget) else None
         return EngineStats(
             n_running=len(scheduler.running), n_waiting=len(scheduler.waiting),
-            kv_used_tokens=sum(r.computed_tokens for r in list(scheduler.running)), n_ctx=self._backend.info.n_ctx,
+            kv_used_tokens=self._kv_used_tokens(), n_ctx=self._backend.info.n_ctx,
             preemptions=scheduler.preemptions, prefix_queried_tokens=slots.queried_tokens,
             prefix_hit_tokens=slots.hit_tokens,
             prefix_host_hit_tokens=slots.host.hit_tokens if slots.host is not None else 0,

@@ -55,6 +55,14 @@ class Embed(Call, tag=True, frozen=True):
     inputs: list[list[int]]
 
 
+class ReadRoutingReport(Call, tag=True, frozen=True):
+    """What this replica holds and how busy it is, for a router: its prefixes' hashes in blocks of block_tokens
+    (engine/prefix_digest.py), at most max_blocks of them."""
+
+    block_tokens: int
+    max_blocks: int
+
+
 class AbortAll(msgspec.Struct, tag=True, frozen=True):
     """The drain's grace period is over: every request still running ends now."""
 
@@ -63,8 +71,9 @@ class Shutdown(msgspec.Struct, tag=True, frozen=True):
     """End every request, then stop."""
 
 
-Question = ReadSlots | LoadAdapter | UnloadAdapter | Embed
-ToCore = AddRequest | AbortRequest | ReadSlots | LoadAdapter | UnloadAdapter | Embed | AbortAll | Shutdown
+Question = ReadSlots | LoadAdapter | UnloadAdapter | Embed | ReadRoutingReport
+ToCore = (AddRequest | AbortRequest | ReadSlots | LoadAdapter | UnloadAdapter | Embed | ReadRoutingReport | AbortAll
+          | Shutdown)
 
 # ---- core -> frontend -----------------------------------------------------------------------------------
 
@@ -96,6 +105,16 @@ class Outputs(msgspec.Struct, tag=True, frozen=True):
     stats: EngineStats | None = None
 
 
+class RoutingReport(msgspec.Struct, frozen=True):
+    """A replica's routing report (ReadRoutingReport's answer), between two ticks."""
+
+    hashes: list[int]  # chained block hashes of every prefix it holds, most valuable first, <= max_blocks
+    kv_use: float  # share of KV cells in use (by running requests), 0..1
+    waiting_tokens: int  # prompt tokens queued or running but not yet computed
+    n_waiting: int  # requests added and not holding a slot yet
+    n_running: int
+
+
 class CallDone(msgspec.Struct, tag=True, frozen=True):
     """A Call's answer, or the refusal it raised: its kind (an exception's class name) and message."""
 
@@ -104,6 +123,7 @@ class CallDone(msgspec.Struct, tag=True, frozen=True):
     index: int | None = None  # a loaded adapter's
     vectors: bytes | None = None  # embeddings, float32, a row per input
     n_rows: int = 0
+    report: RoutingReport | None = None
     error_kind: str | None = None
     error: str | None = None
 

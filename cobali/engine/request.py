@@ -177,18 +177,19 @@ class Request:
             return self.output_tokens[start - n:end - n]
         return self.prompt_tokens[start:end] if end <= n else self.prompt_tokens[start:] + self.output_tokens[:end - n]
 
-    def kv_key(self, n: int) -> list[int]:
-        """Its first n tokens as the prefix cache knows them. KV computed under a LoRA adapter is that adapter's
-        alone, so an adapter's tokens are keyed as negative ids, in a range of its own (the base model's keep
-        their ids): the pool's comparisons of token arrays then never match across adapters. A cache_salt marks
-        the first keys (as vLLM folds it into its first block's hash), so only requests with that salt match."""
-        tokens = self.all_tokens[:n]
+    def kv_key(self, n: int, start: int = 0) -> list[int]:
+        """Its first n tokens as the prefix cache knows them (from `start`: those keys alone). KV computed under a
+        LoRA adapter is that adapter's alone, so an adapter's tokens are keyed as negative ids, in a range of its
+        own (the base model's keep their ids): the pool's comparisons of token arrays then never match across
+        adapters. A cache_salt marks the first keys (as vLLM folds it into its first block's hash), so only
+        requests with that salt match."""
+        tokens = self.all_tokens[start:n]
         if self.lora:
             offset = self.lora * ADAPTER_KEY_STRIDE + 1
             tokens = [-(t + offset) for t in tokens]
-        if self.params.cache_salt is not None:
-            marks = salt_marks(self.params.cache_salt)
-            tokens[:SALT_KEYS] = [mark | (t & 0xFFFFFFFF) for mark, t in zip(marks, tokens, strict=False)]
+        if self.params.cache_salt is not None and start < SALT_KEYS:
+            marks = salt_marks(self.params.cache_salt)[start:]
+            tokens[: len(marks)] = [mark | (t & 0xFFFFFFFF) for mark, t in zip(marks, tokens, strict=False)]
         return tokens
 
     @property

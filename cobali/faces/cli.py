@@ -64,7 +64,7 @@ def serve_command(args: argparse.Namespace) -> int:
         return serve_models(models)
     # A server runs for days: its ticks go to the metrics (Engine.on_tick), not into a list that only grows.
     spec, settings = engine_setup(args, record_ticks=False), server_config(args)
-    if settings.replicas == 1:
+    if not settings.on_ray:
         from cobali.http.serve import serve  # FastAPI and uvicorn load only for `serve`
 
         return serve(spec, settings)

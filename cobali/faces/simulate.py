@@ -5,6 +5,7 @@
     cobali simulate --profile cpu-2core-smollm2 --prompts mixed_length --request-rate 0.5
     cobali simulate --plan --target-ttft-p99 500 --request-rate 40 --profile h100-llama-8b ...
     cobali simulate --replicas 8 --router kv --route-report-period 0.5 ...   (bench/sim/routing.py: by workload)
+    cobali simulate --replicas 8 --router text --route-max-chars 400000 ...
 
 Every request generates exactly its max tokens (no model decides when to stop). Backend flags other
 than --max-slots, --n-batch, --ctx and --kv-unified (which size the simulated KV as they size
@@ -34,11 +35,13 @@ from cobali.config.flags import (
 from cobali.engine.costs import load_profile, resolve_profile
 from cobali.engine.policies import MODES
 from cobali.frontend.prefix_routing import RoutingConfig
+from cobali.frontend.text_prefix_routing import TextRoutingConfig
 from cobali.harness.latency import format_summary, write_json
 from cobali.harness.workloads import arrival_offsets, random_items
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimResult, SimSpec, simulate
 from cobali.sim.plan import Trial, plan_replicas
+from cobali.sim.routers import PowerOfTwo
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,13 +64,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 ROUTING = RoutingConfig()  # the defaults
+TEXT_ROUTING = TextRoutingConfig()
 
 
 def add_routing_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--router", choices=("least-tokens", "kv"), default="least-tokens",
-                        help="least-tokens: the replica with the fewest queued tokens; kv: the one whose reported "
-                             "prefix cache, queue and KV use score best (frontend/prefix_routing.py); the --route "
-                             "flags tune it")
+    parser.add_argument("--router", choices=("least-tokens", "least-busy", "text", "kv"), default="least-tokens",
+                        help="least-tokens: the replica with the fewest queued tokens; least-busy: of two drawn at "
+                             "random, the one with fewer requests in flight (Ray Serve's default); text: an "
+                             "approximate prefix tree of the text sent to each replica (frontend/"
+                             "text_prefix_routing.py); kv: the replica whose reported prefix cache, queue and KV use "
+                             "score best (frontend/prefix_routing.py); the --route flags tune text and kv")
     parser.add_argument("--route-prefix-weight", type=non_negative_float, default=ROUTING.w_prefix,
                         help="weight of the share of the prompt a replica holds")
     parser.add_argument("--route-queue-weight", type=non_negative_float, default=ROUTING.w_queue,
@@ -84,11 +90,19 @@ def add_routing_args(parser: argparse.ArgumentParser) -> None:
                         help="block hashes in one replica's digest, the most recently used prefixes first")
     parser.add_argument("--route-report-period", type=positive_float, default=ROUTING.report_period_s, metavar="S",
                         help="virtual seconds between a replica's digests: how stale the router's view is")
+    parser.add_argument("--route-match-rate", type=non_negative_float, default=TEXT_ROUTING.match_rate,
+                        help="text: the share of a prompt's characters a replica's tree must match to win it")
+    parser.add_argument("--route-imbalance", type=non_negative_int, default=TEXT_ROUTING.imbalance,
+                        help="text: queues further apart than this many requests route by power of two")
+    parser.add_argument("--route-max-chars", type=positive_int, default=TEXT_ROUTING.max_chars,
+                        help="text: characters in one replica's tree, the least recently routed evicted")
 
 
-def routing_config(args: argparse.Namespace) -> RoutingConfig | None:
+def routing_config(args: argparse.Namespace) -> RoutingConfig | TextRoutingConfig | PowerOfTwo | None:
+    if args.router == "text":
+        return TextRoutingConfig(args.route_match_rate, args.route_imbalance, args.route_max_chars)
     if args.router != "kv":
-        return None
+        return PowerOfTwo() if args.router == "least-busy" else None
     return RoutingConfig(args.route_prefix_weight, args.route_queue_weight, args.route_kv_weight,
                          args.route_balance_abs, args.route_balance_rel, args.route_block_tokens,
                          args.route_max_blocks, args.route_report_period)
@@ -117,8 +131,8 @@ def sim_workload(args: argparse.Namespace, spec: SimSpec) -> tuple[list[SimItem]
     if items is None:
         items = random_items(args.num_prompts or 100, args.random_input_len, args.random_output_len or args.max_new,
                              args.random_range_ratio, tokenizer.n_vocab, args.seed)
-    work = [SimItem(tokenizer.tokenize(i.prompt) if isinstance(i.prompt, str) else list(i.prompt),
-                    i.max_tokens or args.max_new) for i in items]
+    work = [SimItem(tokenizer.tokenize(i.prompt), i.max_tokens or args.max_new, text=i.prompt)
+            if isinstance(i.prompt, str) else SimItem(list(i.prompt), i.max_tokens or args.max_new) for i in items]
     return work, arrival_offsets(len(work), args.request_rate, args.burstiness, args.seed)
 
 

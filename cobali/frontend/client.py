@@ -17,39 +17,30 @@ wake-up, a chunk and a socket write, so this trades smoothness for how many stre
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import NoReturn, Protocol
 
-import numpy as np
-
-from cobali.engine.adapters import AdapterLimit
 from cobali.engine.messages import (
     AbortAll,
     AbortRequest,
     AddRequest,
     CallDone,
-    Embed,
     Failed,
     FromCore,
-    LoadAdapter,
     Outputs,
-    Question,
-    ReadSlots,
     Ready,
     Shutdown,
     TickSummary,
-    UnloadAdapter,
 )
 from cobali.engine.outputs import EngineStats, RequestOutput
 from cobali.engine.sampling_params import SamplingParams
 from cobali.engine.tokenizer import Tokenizer
-from cobali.engine.views import ModelInfo, SlotState
+from cobali.engine.views import ModelInfo
+from cobali.frontend.engine_calls import EngineCalls
 from cobali.frontend.generation import EngineUnavailable, Failure, Generation
 from cobali.frontend.transports import Transport
 from cobali.structured.compiler import GrammarCompiler
@@ -59,7 +50,6 @@ ENGINE_FAILED = "the engine failed; see the server log"
 ENGINE_RESTARTED = "the engine stopped while the request ran and is restarting; retry it"
 
 log = logging.getLogger("cobali.http")
-T = TypeVar("T")
 
 
 class EngineState(enum.Enum):
@@ -89,12 +79,14 @@ class Observer(Protocol):
     def engine_restarted(self) -> None: ...
 
 
-class EngineClient:
+class EngineClient(EngineCalls):
+    """Requests and calls (engine_calls.py) to an engine core, and its outputs back to their generations."""
+
     def __init__(self, transport: Transport, max_queue: int | None = None, observer: Observer | None = None,
                  stream_interval: int = 1) -> None:
         """transport: where the engine core runs (ThreadCore, or engine_process.ProcessCore)."""
         assert stream_interval >= 1, stream_interval
-        self.transport = transport
+        super().__init__(transport)
         self.stream_interval = stream_interval
         self.max_queue = max_queue
         self.observer = observer
@@ -104,11 +96,9 @@ class EngineClient:
         self.error: str | None = None
         self.on_load_failed: Callable[[str], None] | None = None
         self.on_ready: Callable[[], None] | None = None  # each time an engine is ready (after a restart too)
-        self._lock = threading.Lock()  # guards what follows between the loop and receiving threads
+        # What follows is guarded by self._lock between the loop and receiving threads.
         self._live: dict[int, Generation] = {}
         self._not_started: dict[int, AddRequest] = {}  # requests not started: sent again to an engine that restarts
-        self._calls: dict[int, asyncio.Future] = {}
-        self._ids = itertools.count()
 
     # ---- lifecycle (event-loop side) ---------------------------------------------------------------
 
@@ -171,24 +161,6 @@ class EngineClient:
         self.require_accepting()
         return self.transport.grammars
 
-    async def embed(self, inputs: list[list[int]]) -> np.ndarray:
-        """Pooled embeddings, one row per input (each within model_info.embeddings), computed beside the ticks."""
-        done = await self._call(lambda call_id: Embed(call_id, inputs))
-        return done.embeddings()
-
-    def slot_states(self) -> asyncio.Future[tuple[SlotState, ...]]:
-        """A snapshot of every slot, taken between two ticks."""
-        return _then(self._call(ReadSlots), lambda done: tuple(done.slots or ()))
-
-    def load_adapter(self, path: str) -> asyncio.Future[int]:
-        """Load a LoRA adapter between two ticks; the future gets its index, or FileNotFoundError, ValueError
-        (not an adapter for this model) or AdapterLimit."""
-        return _then(self._call(lambda call_id: LoadAdapter(call_id, path)), _index)
-
-    def unload_adapter(self, index: int) -> asyncio.Future[None]:
-        """No new request runs with the adapter; the engine frees it when its last request ends."""
-        return _then(self._call(lambda call_id: UnloadAdapter(call_id, index)), lambda _: None)
-
     # ---- requests (event-loop side) ----------------------------------------------------------------
 
     def submit(self, prompts: list[tuple[list[int], SamplingParams]], priority: int = 0, lora: int = 0) -> Generation:
@@ -234,27 +206,13 @@ class EngineClient:
                 return
         self.transport.send(AbortRequest(request_id))
 
-    def _call(self, ask: Callable[[int], Question]) -> asyncio.Future[CallDone]:
-        """Ask the engine between two ticks (EngineUnavailable now unless it is ready); the future gets its
-        answer, or the exception it raised."""
-        future: asyncio.Future[CallDone] = asyncio.get_running_loop().create_future()
-        with self._lock:
-            self.require_engine()
-            call = ask(next(self._ids))
-            self._calls[call.call_id] = future
-        self.transport.send(call)
-        return future
-
     # ---- what the core sends (its threads, or the transport's receiving thread) --------------------
 
     def receive(self, message: FromCore) -> None:
         if isinstance(message, Outputs):
             self._take(message)
         elif isinstance(message, CallDone):
-            with self._lock:
-                future = self._calls.pop(message.call_id, None)
-            if future is not None:
-                _settle_soon(future, message, _refusal(message))
+            self._answered(message)
         elif isinstance(message, Ready):
             self._ready(message.model)
         else:
@@ -330,48 +288,6 @@ class EngineClient:
             generation.push(Failure(ENGINE_FAILED))
         if loading and self.on_load_failed is not None:
             self.on_load_failed(message)
-
-    def _fail_calls(self, message: str) -> None:
-        with self._lock:  # with _call's check under the lock, no call is left waiting after this
-            calls, self._calls = list(self._calls.values()), {}
-        for future in calls:
-            _settle_soon(future, None, EngineUnavailable(message))
-
-
-def _then(asked: asyncio.Future[CallDone], read: Callable[[CallDone], T]) -> asyncio.Future[T]:
-    """The answer's part a caller wants, once it comes (a call is sent, or refused, before this returns)."""
-    async def answer() -> T:
-        return read(await asked)
-
-    return asyncio.ensure_future(answer())
-
-
-def _index(done: CallDone) -> int:
-    assert done.index is not None
-    return done.index
-
-
-def _refusal(done: CallDone) -> BaseException | None:
-    """A call's refusal as the exception the engine raised (the HTTP layer maps each to its 4xx)."""
-    if done.error_kind is None:
-        return None
-    kinds: dict[str, type[Exception]] = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError,
-                                         "AdapterLimit": AdapterLimit}
-    return kinds.get(done.error_kind, RuntimeError)(done.error)
-
-
-def _settle_soon(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    """From any thread: the future's outcome, set on its event loop (unless it was cancelled meanwhile)."""
-    def settle() -> None:
-        if future.done():
-            return
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-        future.get_loop().call_soon_threadsafe(settle)
 
 
 def _deliver(items: list[tuple[Generation, RequestOutput]]) -> None:

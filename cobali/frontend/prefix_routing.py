@@ -1,6 +1,6 @@
 """A router that sends a request where its prompt's KV already is, unless the load says otherwise.
 
-llm-d's scorer, on what each replica reports (frontend/prefix_digest.py) and its load:
+llm-d's scorer, on what each replica reports (engine/prefix_digest.py) and its load:
 
     score = w_prefix * matched_fraction - w_queue * work / most_work - w_kv * kv_use
 

@@ -119,10 +119,11 @@ def request_body(item: WorkItem, options: ServeOptions, model: str | None) -> di
     return body
 
 
-async def stream_one(client: httpx.AsyncClient, url: str, body: dict, record: ClientRecord) -> ClientRecord:
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict, record: ClientRecord,
+                     headers: dict[str, str] | None = None) -> ClientRecord:
     record.start = time.perf_counter()
     try:
-        async with client.stream("POST", url, json=body) as response:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:300]
                 record.error = f"HTTP {response.status_code}: {detail}"

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message
 
 log = logging.getLogger("cobali.http")
+# A replica's first message, before the app's: which replica it is (Ray Serve's replica id), so that the ingress
+# can pass over one that refused a request, and label what each replica answers.
+REPLICA_MESSAGE = "cobali.replica"
 
 
 @dataclass(frozen=True)

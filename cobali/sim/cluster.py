@@ -5,7 +5,8 @@ except through the router, which needs every replica's state at an arrival's tim
 arrival every busy replica is stepped until its clock reaches it; the order in which replicas are
 advanced does not matter. The router picks the replica with the fewest queued tokens (prompt and
 output tokens of its unfinished requests not yet computed), or, given a RoutingConfig, the one the KV-aware
-router scores best (sim/routing.py: by the prefix each replica last reported, its queue and KV use). Each
+router scores best (sim/routing.py: by the prefix each replica last reported, its queue and KV use); given a
+TextRoutingConfig, the approximate prefix tree's pick; given PowerOfTwo, Ray Serve's default's (sim/routers.py). Each
 engine is fed from a backlog through a bounded window (cobali.frontend.offline.LLM), so an overloaded replica does
 not slow the simulation down with a long wait queue.
 """
@@ -24,10 +25,14 @@ from cobali.engine.plan import TickRecord
 from cobali.engine.sampling_params import SamplingParams
 from cobali.frontend.offline import LLM, Pending
 from cobali.frontend.prefix_routing import RoutingConfig
+from cobali.frontend.text_prefix_routing import TextRoutingConfig
 from cobali.harness.driver import user_cpu_seconds
 from cobali.harness.latency import RequestTiming, request_timing, summarize_timings
 from cobali.sim.backend import SimBackend
+from cobali.sim.routers import PowerOfTwo, TextRouting, TwoChoices
 from cobali.sim.routing import KvRouting
+
+Routing = KvRouting | TextRouting | TwoChoices
 
 
 @dataclass(frozen=True)
@@ -39,15 +44,16 @@ class SimSpec:
     replicas: int = 1
     prefill_tile: int = PREFILL_TILE  # the simulated scheduler decides as it would on llama.cpp
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN  # how text prompts become simulated tokens
-    routing: RoutingConfig | None = None  # None: to the fewest queued tokens
-    seed: int = 0  # the KV-aware router's draws
+    routing: RoutingConfig | TextRoutingConfig | PowerOfTwo | None = None  # None: to the fewest queued tokens
+    seed: int = 0  # the routers' draws
 
 
 @dataclass(frozen=True)
 class SimItem:
     tokens: list[int]
     max_tokens: int
-    session: str | None = None  # a conversation's turns share one: the KV-aware router's ties go to its last replica
+    session: str | None = None  # a conversation's turns share one: the prefix routers' ties go to its last replica
+    text: str | None = None  # the prompt as text, for the text router (None: a stand-in written from the tokens)
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,7 @@ class SimResult:
     makespan_s: float
     real_s: float
     cpu_s: float
-    routing: KvRouting | None = field(default=None, repr=False)
+    routing: Routing | None = field(default=None, repr=False)
 
     def summary(self) -> dict:
         """runner's summary keys; wall_s is virtual time and user_cpu_s the simulator's own CPU time."""
@@ -145,9 +151,10 @@ class SimResult:
             "preemptions": sum(s.preemptions for s in stats),
             "cached_tokens": sum(s.prefix_hit_tokens for s in stats),
             "prefix_hit_rate": sum(s.prefix_hit_tokens for s in stats) / queried if queried else 0.0,
-            "router": "least-tokens" if routing is None else "kv",
-            "routed_by_load": routing.router.balanced if routing is not None else 0,
-            "digest_reports": routing.reports if routing is not None else 0,
+            "router": "least-tokens" if routing is None else "kv" if isinstance(routing, KvRouting) else routing.name,
+            "routed_by_load": 0 if routing is None else (routing.router if isinstance(routing, KvRouting)
+                                                         else routing).balanced,
+            "digest_reports": routing.reports if isinstance(routing, KvRouting) else 0,
         }
 
 
@@ -161,7 +168,7 @@ def simulate(items: Sequence[SimItem], arrivals: Sequence[float], spec: SimSpec,
     wall0, cpu0 = time.perf_counter(), user_cpu_seconds()
     finished: list[Finished | None] = [None] * len(items)
     replicas = [Replica(spec, finished) for _ in range(spec.replicas)]
-    routing = KvRouting(spec.routing, spec.replicas, spec.seed) if spec.routing is not None else None
+    routing = make_routing(spec)
     engines = [r.engine for r in replicas]
     for index, (item, t) in enumerate(zip(items, arrivals, strict=True)):
         for replica in replicas:
@@ -172,13 +179,26 @@ def simulate(items: Sequence[SimItem], arrivals: Sequence[float], spec: SimSpec,
             min(replicas, key=Replica.queued_tokens).arrive(index, item, t)
         else:
             queues = [(r.queue, r.queued_tokens()) for r in replicas]
-            replicas[routing.pick(engines, queues, item.tokens, item.session, t)].arrive(index, item, t)
+            if isinstance(routing, KvRouting):
+                picked = routing.pick(engines, queues, item.tokens, item.session, t)
+            else:
+                picked = routing.pick(queues, item.text, item.tokens, item.session)
+            replicas[picked].arrive(index, item, t)
     else:
         for replica in replicas:
             replica.run_until(float("inf"))
     end = max(r.clock.now for r in replicas)
     start = arrivals[0] if len(arrivals) else 0.0
     return SimResult(finished, replicas, end - start, time.perf_counter() - wall0, user_cpu_seconds() - cpu0, routing)
+
+
+def make_routing(spec: SimSpec) -> Routing | None:
+    config = spec.routing
+    if isinstance(config, RoutingConfig):
+        return KvRouting(config, spec.replicas, spec.seed)
+    if isinstance(config, TextRoutingConfig):
+        return TextRouting(config, spec.chars_per_token, spec.seed)
+    return TwoChoices(spec.replicas, spec.seed) if isinstance(config, PowerOfTwo) else None
 
 
 @dataclass

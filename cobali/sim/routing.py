@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cobali.engine.engine import Engine
-from cobali.frontend.prefix_digest import DigestBuilder, prompt_blocks
+from cobali.engine.prefix_digest import DigestBuilder, prompt_blocks
 from cobali.frontend.prefix_routing import PrefixRouter, ReplicaLoad, RoutingConfig
 
 
@@ -40,7 +40,6 @@ class KvRouting:
         return self.router.route(blocks, len(tokens), loads, session)
 
     def _report(self, i: int, engine: Engine) -> None:
-        self.router.report(i, self.builders[i].digest(engine.held_prefixes()))
-        stats = engine.stats()
-        self._kv_use[i] = stats.kv_used_tokens / stats.n_ctx if stats.n_ctx else 0.0
+        self.router.report(i, frozenset(self.builders[i].digest(engine.held_prefixes())))
+        self._kv_use[i] = engine.kv_use()
         self.reports += 1

@@ -49,6 +49,7 @@ SMOKE = [
     Run("engine/host_thread.py", "--concurrency 4 --seconds 0.4 --max-tokens 8 --stream-interval 2",
         "ms CPU per tick", model=False),
     Run("engine/admission_cost.py", "--slots 16 64 --cycles 20 --repeats 1", "assign_us", model=False),
+    Run("engine/routing_report.py", "--slots 4 --prefix-tokens 128 --host-prefixes 2", "busy  repeat", model=False),
     Run("engine/admission_sources.py", "--slots 4 16 --cycles 3 --repeats 1", "per admission", model=False),
     Run("engine/backend_sampling_churn.py", "--slots 2 --threads 1 --ticks 2", "attached or detached"),
     Run("engine/costfit_convergence.py", "--prompts {prompts} --max-new 4 --threads 1 --out {tmp}", "ticks.csv"),
@@ -180,3 +181,19 @@ def test_every_script_is_run_or_excused() -> None:
     assert sorted(accounted) == sorted(set(accounted)), "a script listed twice"
     assert scripts == set(accounted), f"not run: {sorted(scripts - set(accounted))}; " \
                                       f"gone: {sorted(set(accounted) - scripts)}"
+
+
+PREFIX_ROUTING = ("serving/prefix_routing.py", "serving/prefix_routing_sim.py", "serving/prefix_workload.py")
+RUN_BY_TESTS_BELOW += PREFIX_ROUTING  # the test below; its --launch starts Ray, which the smoke run does not
+
+
+def test_prefix_routing_runs_against_cobali_serve_and_in_the_simulator() -> None:
+    """prefix_routing.py's client against one `cobali serve`, then the same requests simulated (prefix_routing_sim.py,
+    prefix_workload.py): eight chats of two turns over two short contexts, no request lost."""
+    require_embedded_model()
+    shape = ["--customers", "2", "--users", "2", "--turns", "2", "--context-tokens", "48", "--question-words", "4",
+             "--answer-words", "4", "--max-tokens", "2", "--rate", "20"]
+    with running_server("--max-slots", "2") as (base, _):
+        check(run_script("serving/prefix_routing.py", ["--url", base, *shape]), "server        8     0")
+    check(run_script("serving/prefix_routing.py", ["--sim", "--serve-flags", "--max-slots 2", *shape]),
+          "kv        8     0")

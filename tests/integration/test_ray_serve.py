@@ -1,5 +1,6 @@
-"""`cobali serve --replicas 2`: two engines on the embedded model behind one Ray Serve endpoint, driven by the
-official openai client. Each replica runs --threads 1 and reserves one of the machine's two cores.
+"""`cobali serve --replicas 2`: one deployment of two engine replicas on the embedded model behind one Ray Serve
+endpoint, routed by our request router, driven by the official openai client. Each replica runs --threads 1 and
+reserves one of the machine's two cores. Replicas are named by Ray Serve's replica ids in /metrics and /health.
 
 With --engine-process each replica's engine runs in a child process of the replica's Ray actor: a kill -9 of one
 ends that replica's running stream with the restart's error and nothing else (the other replica's stream runs on,
@@ -23,7 +24,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from cobali.frontend.client import ENGINE_RESTARTED
-from tests.integration.test_server_openai import running_server
+from tests.integration.test_server_openai import running_server, soak_module
 
 pytest.importorskip("ray.serve")
 
@@ -40,6 +41,13 @@ def served_per_replica(base: str) -> dict[str, float]:
     return counts
 
 
+def both_ready(base: str) -> None:
+    deadline = time.monotonic() + 120  # far beyond a replica's load (seconds): a hang fails here
+    while list(httpx.get(f"{base}/health", timeout=60).json()["replicas"].values()) != ["ok", "ok"]:
+        assert time.monotonic() < deadline, "both replicas ready"
+        time.sleep(0.1)
+
+
 def stream_one(client: OpenAI, i: int) -> str | None:
     """Half completions, half chats, all streamed; returns the finish reason of the last chunk."""
     if i % 2:
@@ -54,6 +62,7 @@ def stream_one(client: OpenAI, i: int) -> str | None:
 def test_two_replicas_share_concurrent_streams() -> None:
     with running_server("--replicas", "2", "--max-slots", "4", "--served-model-name", "smol",
                         "--shutdown-grace", "5") as (base, proc):
+        both_ready(base)  # /health answers 200 once one replica is: the other may still be loading
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
         with ThreadPoolExecutor(N_REQUESTS) as pool:
             reasons = list(pool.map(lambda i: stream_one(client, i), range(N_REQUESTS)))
@@ -66,9 +75,45 @@ def test_two_replicas_share_concurrent_streams() -> None:
 
         counts = served_per_replica(base)
         assert sum(counts.values()) == N_REQUESTS + 1, counts
-        assert sorted(counts) == ["0", "1"] and min(counts.values()) > 0, counts  # both replicas served
-        assert httpx.get(f"{base}/health", timeout=30).json()["replicas"] == {"0": "ok", "1": "ok"}
+        # No prompt shares a block with another: the kv router routed by load, and both replicas served.
+        assert len(counts) == 2 and min(counts.values()) >= N_REQUESTS // 4, counts
+        assert list(httpx.get(f"{base}/health", timeout=30).json()["replicas"].values()) == ["ok", "ok"]
     assert proc.returncode == 0  # SIGTERM: Serve drained and Ray shut down
+
+
+SYSTEM = "You are a careful assistant for a bookshop. " + " ".join(f"Rule {i}: answer in one line." for i in range(40))
+
+
+def router_counts(base: str) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    return {s.labels["how"]: s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "cobali:router_requests_total"}
+
+
+@pytest.mark.timeout(240)
+def test_a_shared_prefix_goes_back_to_the_replica_that_holds_it() -> None:
+    with running_server("--replicas", "2", "--max-slots", "2", "--served-model-name", "smol",
+                        "--routing-stats-period", "0.2", "--shutdown-grace", "5") as (base, _proc):
+        both_ready(base)
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=HANG_S)
+
+        def ask(question: str) -> int:
+            reply = client.chat.completions.create(
+                model="smol", max_tokens=2, messages=[{"role": "system", "content": SYSTEM},
+                                                      {"role": "user", "content": question}])
+            details = reply.usage.prompt_tokens_details if reply.usage else None
+            return (details.cached_tokens or 0) if details else 0
+
+        ask("Do you sell maps?")
+        before = served_per_replica(base)
+        time.sleep(1.0)  # the replicas report what they hold (every 0.2 s)
+        cached = [ask(f"Question {i}: do you open on day {i}?") for i in range(6)]
+        after = served_per_replica(base)
+        grew = {replica: after[replica] - before.get(replica, 0) for replica in after}
+        assert [n for n in grew.values() if n] == [6], (before, after)  # all on the replica holding the prefix
+        assert min(cached) >= 256, cached  # and its KV reused
+        assert router_counts(base)["prefix"] >= 6
+
 
 
 # --replicas 2 --engine-process: each replica's engine in a child process of the replica's Ray actor.
@@ -98,29 +143,30 @@ def descendants(table: dict[int, tuple[int, str]], root: int) -> set[int]:
     return found
 
 
-def replica_children(server_pid: int) -> dict[str, dict[int, str]]:
-    """Each engine replica's actor (named by its deployment, which Ray puts in its process title) with the processes
-    it started and their command lines: the engine's own and multiprocessing's resource tracker."""
+def replica_children(server_pid: int) -> dict[int, dict[int, str]]:
+    """Each engine replica's actor (by pid: the replicas of one deployment share its name in their process
+    titles) with the processes it started and their command lines: the engine's own and multiprocessing's resource
+    tracker."""
     table = process_table()
     tree = descendants(table, server_pid)
-    actors = {pid: table[pid][1].split("ServeReplica:cobali:")[1].split()[0] for pid in tree
-              if "ServeReplica:cobali:cobali-engine-" in table[pid][1]}
-    found: dict[str, dict[int, str]] = {name: {} for name in actors.values()}
+    actors = [pid for pid in tree if "ServeReplica:cobali:cobali-engine" in table[pid][1]]
+    found: dict[int, dict[int, str]] = {actor: {} for actor in actors}
     for pid in tree:
         parent, cmdline = table[pid]
-        if parent in actors:
-            found[actors[parent]][pid] = cmdline
+        if parent in found:
+            found[parent][pid] = cmdline
     return found
 
 
-def engine_pids(server_pid: int) -> dict[str, int]:
-    """Each replica's engine process: the one child its actor spawned through multiprocessing."""
+def engine_pids(server_pid: int) -> dict[int, int]:
+    """Each replica's engine process (by its actor's pid): the one child its actor spawned through
+    multiprocessing."""
     engines = {}
-    for name, children in replica_children(server_pid).items():
+    for actor, children in replica_children(server_pid).items():
         spawned = [pid for pid, cmdline in children.items() if "multiprocessing.spawn" in cmdline]
-        assert len(spawned) <= 1, (name, children)
+        assert len(spawned) <= 1, (actor, children)
         if spawned:
-            engines[name] = spawned[0]
+            engines[actor] = spawned[0]
     return engines
 
 
@@ -134,8 +180,8 @@ def restarts_per_replica(base: str) -> dict[str, float]:
             for s in family.samples if s.name == "cobali:engine_restarts_total"}
 
 
-def replica_health(base: str) -> dict[str, str]:
-    return httpx.get(f"{base}/health", timeout=HANG_S).json()["replicas"]
+def replica_health(base: str) -> list[str]:
+    return sorted(httpx.get(f"{base}/health", timeout=HANG_S).json()["replicas"].values())
 
 
 def wait_for(condition: Callable[[], bool], within_s: float, what: str) -> None:
@@ -167,41 +213,101 @@ def long_stream(client: OpenAI, started: threading.Event) -> tuple[str | None, i
 def test_replicas_run_their_engines_in_processes_of_their_own() -> None:
     with running_server("--replicas", "2", "--engine-process", "--max-slots", "2", "--served-model-name", "smol",
                         "--shutdown-grace", "5") as (base, proc):
+        both_ready(base)
         before = engine_pids(proc.pid)
-        assert sorted(before) == ["cobali-engine-0", "cobali-engine-1"], replica_children(proc.pid)
+        assert len(before) == 2, replica_children(proc.pid)
+        killed, other = sorted(before)
         spawned = child_pids(proc.pid)
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=HANG_S)
         assert client.completions.create(model="smol", prompt="Hi", max_tokens=2).choices[0].finish_reason
 
-        # Two streams at once: the gateway sends the second to the replica the first does not busy.
+        # Two streams at once: the router sends the second to the replica the first does not busy.
         events = [threading.Event(), threading.Event()]
         with ThreadPoolExecutor(4) as pool:
             streams = [pool.submit(long_stream, client, started) for started in events]
             wait_for(lambda: all(e.is_set() for e in events), HANG_S, "both streams have tokens")
-            os.kill(before["cobali-engine-0"], signal.SIGKILL)
+            busy = {row["replica"] for row in httpx.get(f"{base}/slots", timeout=HANG_S).json() if row["is_processing"]}
+            assert len(busy) == 2, busy  # one stream on each: the engine killed holds one, whichever it is
+            os.kill(before[killed], signal.SIGKILL)
             assert wait(streams, HANG_S, FIRST_COMPLETED).done  # the stream the kill ended
-            # Replica 0 restarts its engine (a backoff of 0.5 s, then the load) and is the less busy one: what
-            # comes meanwhile goes there first and is handed on to replica 1.
-            assert "restarting" in replica_health(base)["0"]
+            # That replica restarts its engine (a backoff of 0.5 s, then the load) and is the less busy one: what
+            # comes meanwhile may go there first and is handed on to the other.
+            assert any("restarting" in state for state in replica_health(base))
             reasons = list(pool.map(lambda i: stream_one(client, i), range(4)))
             assert all(reason in ("length", "stop") for reason in reasons), reasons
             outcomes = [s.result(timeout=HANG_S) for s in streams]
         cut, whole = [o for o in outcomes if o[2] is not None], [o for o in outcomes if o[2] is None]
-        assert len(cut) == 1 and ENGINE_RESTARTED in str(cut[0][2]), outcomes  # the stream on replica 0
+        assert len(cut) == 1 and ENGINE_RESTARTED in str(cut[0][2]), outcomes  # the stream on the killed engine
         assert whole == [("length", LONG, None)], outcomes  # the other replica's engine never noticed
 
-        wait_for(lambda: replica_health(base) == {"0": "ok", "1": "ok"}, HANG_S, "replica 0's engine is back")
-        assert restarts_per_replica(base) == {"0": 1.0, "1": 0.0}
+        wait_for(lambda: replica_health(base) == ["ok", "ok"], HANG_S, "the killed engine is back")
+        assert sorted(restarts_per_replica(base).values()) == [0.0, 1.0]
         after = engine_pids(proc.pid)
-        assert after["cobali-engine-1"] == before["cobali-engine-1"], (before, after)
-        assert after["cobali-engine-0"] not in (before["cobali-engine-0"], after["cobali-engine-1"]), (before, after)
+        assert after[other] == before[other], (before, after)
+        assert after[killed] not in (before[killed], after[other]), (before, after)
         spawned |= child_pids(proc.pid)
 
         served = served_per_replica(base)
-        with ThreadPoolExecutor(4) as pool:  # in flight together: least busy spreads them over both replicas
-            reasons = list(pool.map(lambda i: stream_one(client, i), range(4)))
+        with ThreadPoolExecutor(4) as pool:  # in flight together: the load spreads them over both replicas
+            reasons = list(pool.map(lambda i: stream_one(client, i), range(8)))
         assert all(reason in ("length", "stop") for reason in reasons), reasons
         now = served_per_replica(base)
-        assert all(now[r] > served.get(r, 0) for r in ("0", "1")), (served, now)  # both answer, replica 0 too
+        in_flight = [line for line in httpx.get(f"{base}/metrics", timeout=HANG_S).text.splitlines()
+                     if "router_in_flight" in line]
+        assert len(now) == 2 and all(now[r] > served.get(r, 0) for r in now), (served, now, in_flight)  # both answer
     assert proc.returncode == 0
     wait_for(lambda: not spawned & process_table().keys(), 10, f"the replicas' processes {spawned} ended")
+
+
+@pytest.mark.timeout(300)  # a local Ray cluster in this process, replicas loaded three times
+def test_replicas_added_and_removed_under_load_lose_no_request() -> None:
+    """serve.run again with another --replicas while streams run (Ray Serve makes it a new version: replicas of it
+    start, the old ones stop taking requests and drain): two replicas become one, then two again, and every stream
+    ends well."""
+    import ray
+    from ray import serve
+
+    from cobali.ray.serve import APP_NAME, build
+
+    port = soak_module().free_port()
+    base = f"http://127.0.0.1:{port}"
+
+    def deploy(replicas: int) -> None:
+        options = {"replicas": str(replicas), "threads": "1", "max-slots": "2", "served-model-name": "smol",
+                   "shutdown-grace": "10"}
+        serve.run(build(options), name=APP_NAME, route_prefix="/")  # returns once every replica is running
+
+    def listed() -> int:
+        reply = httpx.get(f"{base}/health", timeout=HANG_S)
+        return len(reply.json()["replicas"]) if reply.status_code == 200 else 0
+
+    ray.init(address="local", include_dashboard=False, num_cpus=2)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        deploy(2)  # 2 first: `replicas` > 1 is what makes a Ray deployment; then down to 1 and up again
+        wait_for(lambda: listed() == 2, HANG_S, "two replicas listed")
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=HANG_S)
+        stop, outcomes = threading.Event(), []
+
+        def keep_streaming(worker: int) -> None:
+            i = worker
+            while not stop.is_set():
+                try:
+                    outcomes.append(stream_one(client, i))
+                except Exception as err:  # a lost request: what this test looks for
+                    outcomes.append(repr(err))
+                i += 3
+
+        with ThreadPoolExecutor(3) as pool:
+            workers = [pool.submit(keep_streaming, w) for w in range(3)]
+            deploy(1)
+            wait_for(lambda: listed() == 1, HANG_S, "one replica listed")
+            deploy(2)
+            wait_for(lambda: listed() == 2, HANG_S, "two replicas listed again")
+            stop.set()
+            for worker in workers:
+                worker.result(timeout=HANG_S)
+        assert len(outcomes) >= 3 and all(o in ("length", "stop") for o in outcomes), outcomes
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -1,17 +1,11 @@
-"""Routing by the KV: the digest a replica publishes (prefix_digest.py) and the router that reads it
-(prefix_routing.py)."""
+"""Routing by the KV: the router (prefix_routing.py) that reads what replicas report (engine/prefix_digest.py,
+whose tests are tests/unit/engine/test_prefix_digest.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from cobali.backends.fake import FakeBackend
-from cobali.engine.engine import Engine
-from cobali.engine.engine_config import EngineConfig
-from cobali.engine.sampling_params import SamplingParams
-from cobali.frontend.offline import LLM
-from cobali.frontend.prefix_digest import DigestBuilder, block_hashes, prompt_blocks
+from cobali.engine.prefix_digest import prompt_blocks
 from cobali.frontend.prefix_routing import PrefixRouter, ReplicaLoad, RoutingConfig
 
 B = 4  # tokens per block in these tests
@@ -23,70 +17,6 @@ def tokens(n: int, seed: int) -> list[int]:
 
 def idle(n: int) -> dict[int, ReplicaLoad]:
     return {i: ReplicaLoad(0, 0.0) for i in range(n)}
-
-
-def test_block_hashes_chain_whole_blocks_and_are_stable() -> None:
-    a, b = tokens(10, 1), tokens(10, 2)
-    assert len(block_hashes(a, B)) == 2, "only whole blocks"
-    assert block_hashes(a[:8] + b[8:], B) == block_hashes(a, B), "what follows the blocks changes nothing"
-    changed = [a[0] + 1, *a[1:]]
-    assert not set(block_hashes(changed, B)) & set(block_hashes(a, B)), "a block's hash stands for all before it"
-    # Router and replicas are different processes: the hash may not be Python's salted hash().
-    assert block_hashes(list(range(1, 5)), B) == [0x2BA42C3CDEEFADA8]
-
-
-def test_a_prompt_is_hashed_without_its_last_token_and_under_its_salt() -> None:
-    prompt = tokens(9, 3)
-    assert prompt_blocks(prompt, B) == block_hashes(prompt, B), "9 tokens: 2 blocks either way"
-    assert prompt_blocks(prompt[:8], B) == block_hashes(prompt, B)[:1], "the last token is always computed"
-    salted = prompt_blocks(prompt, B, cache_salt="tenant")
-    assert len(salted) == 2 and not set(salted) & set(prompt_blocks(prompt, B))
-
-
-def make_engine(slots: int = 2, host_mib: int = 0) -> Engine:
-    backend = FakeBackend(n_seq_max=slots, n_batch=64, kv_bytes_per_token=2**20 // 64)
-    return Engine(backend, EngineConfig(max_slots=slots, n_batch=64, host_cache_mib=host_mib))
-
-
-def run(engine: Engine, prompt: list[int], salt: str | None = None) -> None:
-    LLM(engine).generate([prompt], SamplingParams(max_tokens=3, ignore_eos=True, cache_salt=salt))
-
-
-def test_an_engines_digest_holds_what_its_next_turn_reuses() -> None:
-    engine = make_engine(host_mib=8)  # 512 tokens
-    context = tokens(40, 5)
-    run(engine, context)
-    run(engine, tokens(40, 6), salt="other")
-    digest = DigestBuilder(B, 1000).digest(engine.held_prefixes())
-    follow_up = context + tokens(12, 7)
-    assert all(h in digest for h in prompt_blocks(follow_up, B)[:10]), "the context's 10 blocks"
-    assert prompt_blocks(follow_up, B)[10] not in digest
-    assert not set(prompt_blocks(tokens(40, 6), B)) & digest, "another salt's KV matches no unsalted prompt"
-    assert set(prompt_blocks(tokens(40, 6), B, cache_salt="other")) <= digest
-    for n in range(3, 6):  # more prompts than slots: the older ones live on in host memory
-        run(engine, tokens(40, n * 10))
-    assert len(engine.held_prefixes()) > 2
-    assert set(prompt_blocks(context, B)) <= DigestBuilder(B, 1000).digest(engine.held_prefixes())
-
-
-def test_a_digest_is_capped_most_recent_first_and_never_holds_a_block_without_its_predecessors() -> None:
-    recent, shared, old = (np.asarray(tokens(40, s), dtype=np.int64) for s in (1, 2, 3))
-    extended = np.concatenate([shared, tokens(8, 4)])
-    digest = DigestBuilder(B, max_blocks=21).digest([recent, shared, extended, old])
-    chain = block_hashes(extended, B)  # 12 blocks, the first 10 shared's
-    assert digest == set(block_hashes(recent, B)) | set(chain[:11]), "blocks held twice count once"
-    assert [h in digest for h in chain] == [True] * 11 + [False], "what is held of a prefix is its start"
-
-
-def test_a_digest_rehashes_only_arrays_it_has_not_seen() -> None:
-    cached = [np.asarray(tokens(400, s), dtype=np.int64) for s in range(8)]
-    builder = DigestBuilder(B, 10_000)
-    first = builder.digest(cached)
-    assert builder.hashed_blocks == 800
-    running = np.asarray(tokens(40, 99), dtype=np.int64)
-    assert builder.digest([running, *cached]) == first | set(block_hashes(running, B))
-    assert builder.hashed_blocks == 810, "the cached prefixes' hashes came from the last digest"
-    assert builder.digest([np.array(a) for a in cached]) == first and builder.hashed_blocks == 1610, "copies"
 
 
 def router(**config: float) -> PrefixRouter[int]:

@@ -1,5 +1,5 @@
 """Under --replicas: the client's address reaches the replica, whose per-client fairness and caps are by it
-(issue 44), and the gateway checks the key before it reads or relays a body."""
+(issue 44), and the ingress checks the key before it reads or relays a body."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from cobali.frontend.client import EngineState
 from cobali.http.config import ServerConfig
 from cobali.ray.asgi import HTTPRequest, call_app
 from cobali.ray.gateway import gateway_app
-from tests.unit.ray.test_ray_gateway import InProcess, replica_app
+from tests.unit.ray.test_ray_gateway import LocalReplicas, no_hints, replica_app
 
 CLIENT = ("203.0.113.7", 4242)  # as Ray Serve's proxy puts it in the scope: the peer, or a trusted X-Forwarded-For
 
@@ -32,7 +32,7 @@ class Recording:
 
 def through_gateway(replica: Recording, config: ServerConfig, path: str, **request: object) -> httpx.Response:
     async def run() -> httpx.Response:
-        gateway = gateway_app([InProcess(replica)], config)  # type: ignore[arg-type]
+        gateway = gateway_app(LocalReplicas({"r0": replica}), config, no_hints)  # type: ignore[dict-item]
         transport = httpx.ASGITransport(app=gateway, client=CLIENT)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
             return await client.post(path, **request)  # type: ignore[arg-type]

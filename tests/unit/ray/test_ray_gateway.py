@@ -1,13 +1,14 @@
-"""The Ray Serve face without Ray: the gateway app over in-process replicas (the single server's app on the
-fake backend, called through the same ASGI bridge a Ray replica uses), the bridge, the merge of /metrics,
-the router, and the --replicas flags."""
+"""The Ray Serve face without Ray: the ingress app over in-process replicas (the single server's app on the
+fake backend, called through the same ASGI bridge a Ray replica uses) routed by the router's policy, the bridge,
+the merge of /metrics, and the replica and router flags."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import itertools
 import json
-import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 
 import httpx
@@ -17,28 +18,53 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import Message, Receive, Scope, Send
 
 from cobali.backends.fake import FakeBackend
+from cobali.config.serve_flags import add_serve_args, server_config
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.faces import cli
 from cobali.frontend.client import EngineState
 from cobali.http.config import ServerConfig
 from cobali.http.prometheus import ServerMetrics, merge_expositions
-from cobali.ray.asgi import HTTPRequest, call_app
-from cobali.ray.gateway import LeastBusy, gateway_app
+from cobali.ray.asgi import REPLICA_MESSAGE, HTTPRequest, call_app
+from cobali.ray.gateway import gateway_app
+from cobali.ray.hints import Hinter
+from cobali.ray.policy import Policy, PolicyConfig, RoutingHint
 from tests.unit.http.test_server_api import fake_app
 from tests.unit.http.test_server_live import LONG, SlowBackend
 
 STREAMED = {"prompt": "hello", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": True}
 
 
-class InProcess:
-    """An engine client calling the replica's app directly, as EngineReplica.handle does inside Ray."""
+class LocalReplicas:
+    """The engine deployment as the ingress sees it, without Ray: replicas' apps by id, each call routed by the
+    router's policy as cobali.ray.router does (ranked, then told routed and completed) and called through the
+    ASGI bridge, as EngineReplica.handle does inside Ray."""
 
-    def __init__(self, app: FastAPI) -> None:
-        self.app = app
+    def __init__(self, apps: dict[str, FastAPI], policy: Policy | None = None) -> None:
+        self.apps = apps
+        self.router = policy or Policy(PolicyConfig("least-busy"), seed=0)
+        self.picked: list[str] = []  # where each unpinned call went
+        self._calls = itertools.count()
 
-    def messages(self, request: HTTPRequest) -> AsyncIterator[Message]:
-        return call_app(self.app, request)
+    def ids(self) -> Sequence[str]:
+        return list(self.apps)
+
+    def policy(self) -> Policy:
+        return self.router
+
+    async def messages(self, request: HTTPRequest, hint: RoutingHint) -> AsyncIterator[Message]:
+        ranks = self.router.rank(hint, self.ids())
+        assert ranks, "a pinned call to a listed replica"
+        replica, call = ranks[0][0], str(next(self._calls))
+        if hint.replica is None:
+            self.picked.append(replica)
+        self.router.routed(call, replica, hint)
+        try:
+            yield {"type": REPLICA_MESSAGE, "replica": replica}
+            async for message in call_app(self.apps[replica], request):
+                yield message
+        finally:
+            self.router.completed(call)
 
 
 def replica_app(api_key: str | None = None) -> FastAPI:
@@ -50,18 +76,23 @@ def replica_app(api_key: str | None = None) -> FastAPI:
 
 async def with_gateway(test: Callable[[httpx.AsyncClient], Awaitable[None]], n: int = 2,
                        api_key: str | None = None) -> None:
-    """Run `test(client)` against a gateway over n loaded replicas."""
-    apps = [replica_app(api_key) for _ in range(n)]
+    """Run `test(client)` against an ingress over n loaded replicas, "r0", "r1", ..."""
+    apps = {f"r{i}": replica_app(api_key) for i in range(n)}
     async with AsyncExitStack() as stack:
-        for app in apps:
+        for app in apps.values():
             await stack.enter_async_context(app.router.lifespan_context(app))
-        gateway = gateway_app([InProcess(app) for app in apps],
-                              ServerConfig(max_body_bytes=1 << 16, api_keys=(api_key,) if api_key else ()))
+        config = ServerConfig(max_body_bytes=1 << 16, api_keys=(api_key,) if api_key else ())
+        gateway = gateway_app(LocalReplicas(apps), config, no_hints)
+        await stack.enter_async_context(gateway.router.lifespan_context(gateway))
         client = await stack.enter_async_context(
             httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://gateway"))
         while (await client.get("/health")).status_code != 200:  # the fake models load in milliseconds
             await asyncio.sleep(0.01)
         await test(client)
+
+
+def no_hints() -> Hinter | None:
+    return None
 
 
 def served_per_replica(metrics_text: str) -> dict[str, float]:
@@ -81,8 +112,10 @@ def test_streams_spread_over_both_replicas_and_metrics_say_so() -> None:
             events = [e.removeprefix("data: ") for e in reply.text.split("\n\n") if e]
             assert events[-1] == "[DONE]"
             assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
-        counts = served_per_replica((await client.get("/metrics")).text)
-        assert sum(counts.values()) == 8 and set(counts) == {"0", "1"}
+        metrics = (await client.get("/metrics")).text
+        counts = served_per_replica(metrics)
+        assert sum(counts.values()) == 8 and set(counts) == {"r0", "r1"}
+        assert "cobali:router_requests_total{how=\"load\"} 8.0" in metrics  # the router's own count
 
     asyncio.run(with_gateway(test))
 
@@ -90,10 +123,10 @@ def test_streams_spread_over_both_replicas_and_metrics_say_so() -> None:
 def test_health_slots_models_and_bad_input_come_from_the_replicas() -> None:
     async def test(client: httpx.AsyncClient) -> None:
         health = (await client.get("/health")).json()
-        assert health == {"status": "ok", "replicas": {"0": "ok", "1": "ok"}}
+        assert health == {"status": "ok", "replicas": {"r0": "ok", "r1": "ok"}}
         assert (await client.get("/slots")).status_code == 401  # the replicas' own auth
         slots = (await client.get("/slots", headers={"Authorization": "Bearer k"})).json()
-        assert sorted({row["replica"] for row in slots}) == ["0", "1"] and len(slots) == 8
+        assert sorted({row["replica"] for row in slots}) == ["r0", "r1"] and len(slots) == 8
         auth = {"Authorization": "Bearer k"}
         assert (await client.get("/v1/models", headers=auth)).json()["data"][0]["id"] == "fake-model"
         unknown = await client.post("/v1/completions", headers=auth, json={**STREAMED, "model": "other"})
@@ -164,19 +197,38 @@ def test_merged_metrics_label_each_replica_and_keep_one_family_header() -> None:
     assert served_per_replica(merged) == {"a": 3, "b": 2}
 
 
-def test_least_busy_picks_the_replica_with_fewer_requests_in_flight() -> None:
-    router = LeastBusy(2, random.Random(0))
-    router.in_flight[:] = [3, 1]
-    assert {router.pick() for _ in range(20)} == {1}
-    assert LeastBusy(1).pick() == 0
-
-
 @pytest.mark.parametrize(("argv", "fragment"), [
     (["serve", "--replicas", "0"], "--replicas: expected a positive integer, got 0"),
     (["serve", "--ray-address", "auto"], "--ray-address needs --replicas > 1"),
+    (["serve", "--min-replicas", "1"], "--min-replicas needs --max-replicas"),
+    (["serve", "--max-replicas", "2", "--target-ongoing-requests", "0"], "--target-ongoing-requests: expected a"),
+    (["serve", "--replicas", "2", "--max-replicas", "3"], "--replicas fixes the number of replicas"),
+    (["serve", "--min-replicas", "3", "--max-replicas", "2"], "--min-replicas 3 is more than --max-replicas 2"),
+    (["serve", "--router", "text"], "--router routes among replicas: it needs --replicas > 1"),
+    (["serve", "--replicas", "2", "--router", "nearest"], "--router: invalid choice"),
+    (["serve", "--replicas", "2", "--router-weights", "3,2"], "--router-weights: expected PREFIX,QUEUE,KV"),
+    (["serve", "--replicas", "2", "--router-balance", "8,0.5"], "--router-balance: expected ABS,REL"),
+    (["serve", "--replicas", "2", "--router", "least-busy", "--router-weights", "3,2,2"],
+     "--router-weights tunes the kv router: not with --router least-busy"),
 ])
 def test_replica_flags_are_validated(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
     assert exit_info.value.code == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_router_flags_make_the_router_s_config() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    args = parser.parse_args(["--min-replicas", "0", "--max-replicas", "4", "--target-ongoing-requests", "3",
+                              "--router-weights", "3,1,0.5", "--router-balance", "16,2", "--routing-stats-period",
+                              "0.25"])
+    settings = server_config(args)
+    assert settings.on_ray
+    config = PolicyConfig.from_settings(settings)
+    assert config.policy == "kv"
+    r = config.routing
+    assert (r.w_prefix, r.w_queue, r.w_kv, r.balance_abs, r.balance_rel, r.report_period_s) == (3, 1, 0.5, 16, 2, 0.25)
+    assert PolicyConfig.from_kwargs(config.as_kwargs()) == config  # as it travels to the router
+    assert PolicyConfig.from_settings(ServerConfig(replicas=2)) == PolicyConfig()  # kv, llm-d's and SGLang's

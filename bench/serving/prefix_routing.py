@@ -1,0 +1,183 @@
+"""Routing by the prefix cache on real replicas: a shared-prefix chat workload against a server, by router.
+
+    .venv/bin/python bench/serving/prefix_routing.py --url http://127.0.0.1:8000     # a server already up
+    .venv/bin/python bench/serving/prefix_routing.py --launch --routers least-busy text kv   # one after another
+    .venv/bin/python bench/serving/prefix_routing.py --sim --profile PROFILE    # the same requests, simulated
+
+The workload (prefix_workload.py): --customers system prompts of about --context-tokens tokens each, --users per
+customer each holding --turns turns of short questions, Poisson arrivals at --rate, --max-tokens per reply
+(ignore_eos: every reply is that long), streamed chat completions with an x-session-id per user. --launch starts
+`cobali serve --replicas 2 --threads 1 --router R` (and --serve-flags) for each router, runs the workload, stops it;
+--url runs it once against a server already up. Reported per run: the prefix hit rate (the servers' own counters:
+cobali:prefix_cache_hits_total over cobali:prefix_cache_queries_total, over the run), TTFT p50 and p90 (from
+sending to the first streamed token), requests/s and output tokens/s (from the first send to the last reply's
+end) and requests lost (an error, or a reply short of --max-tokens).
+
+--sim runs the same request list (the chats rendered and tokenized by --model's own template and tokenizer, at
+the same arrival times) through the simulator at --replicas with --profile's costs, under the same --serve-flags,
+for each router: prefix_routing_sim.py. Figures there are in virtual time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import numpy as np
+from prefix_workload import ChatRequest, ChatShape, chat_requests
+from soak import started_server
+
+from cobali.backends.llama_cpp.config import LlamaCppConfig
+from cobali.backends.llama_cpp.vocab import LlamaCppVocabulary
+from cobali.config.flags import positive_float, positive_int
+from cobali.frontend.chat_template import ChatPrompter
+from cobali.harness.serve_client import ClientRecord, stream_one
+
+ROUTERS = ("least-busy", "text", "kv")
+HITS, QUERIES = "cobali:prefix_cache_hits_total", "cobali:prefix_cache_queries_total"
+HEADER = f"{'router':>10} {'requests':>8} {'lost':>5} {'hit':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'req/s':>7} " \
+         f"{'out tok/s':>9}   (TTFT in ms)"
+
+
+class TextSide:
+    """A model's chat template and tokenizer, read without its weights: to size the contexts in tokens, and to
+    give the simulator each request's tokens and text as the server makes them."""
+
+    def __init__(self, model: str | None) -> None:
+        self.vocab = LlamaCppVocabulary.load(LlamaCppConfig(model_path=model))
+        self.prompter = ChatPrompter(self.vocab.chat_template_source(), self.vocab.apply_chat_template)
+
+    def count(self, text: str) -> int:
+        return len(self.vocab.tokenize(text, add_special=False))
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        return self.prompter.prompt(messages)
+
+    def tokens(self, text: str) -> list[int]:
+        return self.vocab.tokenize(text)
+
+
+def counter_sum(page: str, name: str) -> float:
+    """The sum of a counter's samples over its labels (one per replica, or none) in a Prometheus text page."""
+    total = 0.0
+    for line in page.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def prefix_counters(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
+    page = (await client.get(f"{url}/metrics")).text
+    return counter_sum(page, HITS), counter_sum(page, QUERIES)
+
+
+async def run_chats(url: str, requests: Sequence[ChatRequest], offsets: Sequence[float],
+                    timeout_s: float = 1800) -> dict:
+    """Send each request at its offset; the summary of what came back."""
+    limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=64)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=10.0)) as client:
+        hits0, queries0 = await prefix_counters(client, url)
+        wall0 = time.perf_counter()
+
+        async def one(index: int, request: ChatRequest) -> ClientRecord:
+            await asyncio.sleep(max(0.0, wall0 + offsets[index] - time.perf_counter()))
+            body = {"messages": request.messages, "max_tokens": request.max_tokens, "stream": True,
+                    "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
+            return await stream_one(client, f"{url}/v1/chat/completions", body, ClientRecord(index),
+                                    headers={"x-session-id": request.session})
+
+        records = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        hits1, queries1 = await prefix_counters(client, url)
+    return summarize(records, wall0, (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
+                     requests[0].max_tokens if requests else 0)
+
+
+def summarize(records: Sequence[ClientRecord], wall0: float, hit_rate: float, max_tokens: int) -> dict:
+    done = [r for r in records if r.error is None and r.output_tokens == max_tokens and r.chunk_times]
+    ttft = [(r.chunk_times[0] - r.start) * 1e3 for r in done]
+    end = max((r.end for r in done if r.end is not None), default=wall0)
+    wall = max(end - wall0, 1e-9)
+    errors = sorted({r.error for r in records if r.error is not None})
+    return {"requests": len(records), "lost": len(records) - len(done), "prefix_hit_rate": hit_rate,
+            "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
+            "ttft_p90_ms": float(np.percentile(ttft, 90)) if ttft else None,
+            "requests_per_s": len(done) / wall, "output_tok_s": sum(r.output_tokens for r in done) / wall,
+            "wall_s": wall, "errors": errors[:5]}
+
+
+def row(router: str, s: dict) -> str:
+    p50, p90 = (f"{s[k]:>9.0f}" if s[k] is not None else f"{'-':>9}" for k in ("ttft_p50_ms", "ttft_p90_ms"))
+    return (f"{router:>10} {s['requests']:>8} {s['lost']:>5} {s['prefix_hit_rate']:>7.1%} {p50} {p90} "
+            f"{s['requests_per_s']:>7.2f} {s['output_tok_s']:>9.1f}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a server already up: one run, labelled --label")
+    where.add_argument("--launch", action="store_true", help="start `cobali serve` for each of --routers in turn")
+    where.add_argument("--sim", action="store_true", help="the simulator instead (prefix_routing_sim.py)")
+    parser.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS))
+    parser.add_argument("--label", default="server", help="--url: the run's name in the table")
+    parser.add_argument("--replicas", type=positive_int, default=2)
+    parser.add_argument("--threads", type=positive_int, default=1, help="per replica")
+    parser.add_argument("--serve-flags", default="", help="more `cobali serve` flags (--launch, and --sim's engine)")
+    parser.add_argument("--startup-s", type=positive_float, default=300, help="--launch: wait for /health this long")
+    parser.add_argument("--model", default=None, help="GGUF whose template and tokenizer size and render the chats "
+                                                      "(default: the embedded model, as the server's)")
+    parser.add_argument("--profile", default="cpu-2core-smollm2", help="--sim: the cost profile")
+    shape = ChatShape()
+    parser.add_argument("--customers", type=positive_int, default=shape.customers)
+    parser.add_argument("--users", type=positive_int, default=shape.users, help="per customer")
+    parser.add_argument("--turns", type=positive_int, default=shape.turns, help="per user")
+    parser.add_argument("--context-tokens", type=positive_int, default=shape.context_tokens)
+    parser.add_argument("--question-words", type=positive_int, default=shape.question_words)
+    parser.add_argument("--answer-words", type=int, default=shape.answer_words)
+    parser.add_argument("--max-tokens", type=positive_int, default=shape.max_tokens)
+    parser.add_argument("--rate", type=positive_float, default=shape.rate, help="requests/s, Poisson")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="write the summaries here as JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    text = TextSide(args.model)
+    shape = ChatShape(args.customers, args.users, args.turns, args.context_tokens, args.question_words,
+                      args.answer_words, args.max_tokens, args.rate)
+    requests, offsets = chat_requests(shape, text.count, args.seed)
+    sizes = [text.count(r.messages[0]["content"]) for r in requests]
+    print(f"{len(requests)} requests, {shape.customers} contexts of {min(sizes)}-{max(sizes)} tokens, "
+          f"{args.rate:g} req/s, {args.max_tokens} tokens out")
+    summaries = {}
+    if args.sim:
+        from prefix_routing_sim import simulate_chats  # the simulator's imports only when asked
+
+        summaries = simulate_chats(args, text, requests, offsets)
+    else:
+        print(HEADER, flush=True)
+        for router in args.routers if args.launch else [args.label]:
+            if args.launch:
+                flags = ["--replicas", str(args.replicas), "--threads", str(args.threads), "--router", router,
+                         *shlex.split(args.serve_flags)]
+                with started_server(flags, args.startup_s) as (url, _):
+                    summaries[router] = asyncio.run(run_chats(url, requests, offsets))
+            else:
+                summaries[router] = asyncio.run(run_chats(args.url.rstrip("/"), requests, offsets))
+            print(row(router, summaries[router]), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": summaries},
+                                       indent=1))
+        print(f"wrote {args.out}")
+    return 1 if any(s["lost"] for s in summaries.values()) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""bench/serving/prefix_routing.py --sim: its request list through the simulator, so that a real run and the
+simulator can be compared on the same requests.
+
+Each chat is rendered by the model's template and tokenized as the server does it, each token id then folded into
+the simulated vocabulary (the simulator's ids are few; equal prompts stay equal, and two that differ differ again in
+about one token of its size after the first difference); its arrival time is the real run's offset. The engine's
+settings come from the same flags as the server's (--serve-flags, parsed as `cobali simulate` parses them: flags it
+does not know are named and ignored), at --replicas; the device's costs from --profile (calibrate one with the
+server's --threads: `cobali calibrate --threads 1 --out FILE`). Routers: least-busy (power of two on requests in
+flight), text (the prefix tree, on the rendered prompt) and kv (the digests of what each replica holds), as `cobali
+simulate --router` runs them with their default settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from prefix_workload import ChatRequest
+
+from cobali.faces import simulate as face
+from cobali.sim.backend import SimBackend
+from cobali.sim.cluster import SimItem, simulate
+
+if TYPE_CHECKING:
+    from prefix_routing import TextSide
+
+
+def sim_args(args: argparse.Namespace, router: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="cobali")
+    face.register(parser.add_subparsers())
+    argv = ["simulate", "--profile", args.profile, "--replicas", str(args.replicas), "--threads", str(args.threads),
+            *shlex.split(args.serve_flags), "--router", router, "--seed", str(args.seed)]
+    known, unknown = parser.parse_known_args(argv)
+    if unknown:
+        print(f"the simulator ignores {' '.join(unknown)}")
+    return known
+
+
+def summary(result_finished: Sequence, result: dict) -> dict:
+    ttft = [f.timing.ttft_ms for f in result_finished if f is not None and f.timing.ttft_ms is not None]
+    return {"requests": result["requests"] + result["unfinished"], "lost": result["unfinished"] + result["failed"],
+            "prefix_hit_rate": result["prefix_hit_rate"],
+            "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
+            "ttft_p90_ms": float(np.percentile(ttft, 90)) if ttft else None,
+            "requests_per_s": result["requests_per_s"], "output_tok_s": result["output_tok_s"],
+            "wall_s": result["wall_s"], "sim_real_s": result["sim_real_s"]}
+
+
+def simulate_chats(args: argparse.Namespace, text: TextSide, requests: Sequence[ChatRequest],
+                   offsets: Sequence[float]) -> dict[str, dict]:
+    from prefix_routing import HEADER, row
+
+    specs = {router: face.sim_spec(sim_args(args, router)) for router in args.routers}
+    fold = min(SimBackend(spec.costs).n_vocab for spec in specs.values()) - 1  # ids in [1, n_vocab): 0 ends it
+    items = []
+    for request in requests:
+        prompt = text.render(request.messages)
+        tokens = [1 + token % fold for token in text.tokens(prompt)]
+        items.append(SimItem(tokens, request.max_tokens, request.session, prompt))
+    print(f"simulated: {args.replicas} replicas, profile {args.profile}; prompts of "
+          f"{min(len(i.tokens) for i in items)}-{max(len(i.tokens) for i in items)} tokens")
+    print(HEADER, flush=True)
+    summaries = {}
+    for router in args.routers:
+        result = simulate(items, list(offsets), specs[router])
+        summaries[router] = summary(result.finished, result.summary())
+        print(row(router, summaries[router]), flush=True)
+    return summaries
