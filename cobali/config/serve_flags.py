@@ -176,10 +176,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-stream-buffer", type=positive_int, default=DEFAULT_MAX_STREAM_BUFFER_CHARS,
                         metavar="CHARS", help="text a stream may hold for a client that falls behind; beyond it "
                         "the client is dropped, its request aborted")
-    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
-                        help="run the engine in a process of its own (the default): a crash in llama.cpp then costs "
-                             "a restart (requests that had started end with an error, the others wait for it), not "
-                             "the server; --no-engine-process runs it on a thread of the server's process")
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
+                        help="run the engine in a process of its own: a crash in llama.cpp then costs a restart "
+                             "(requests that had started end with an error, the others wait for it), not the server; "
+                             "off by default (docs/configuration.md says why)")
     parser.add_argument("--replicas", type=positive_int, default=1,
                         help="engines behind one endpoint, with Ray Serve (optional extra: pip install 'cobali[ray]')")
     parser.add_argument("--ray-address", default=None,
