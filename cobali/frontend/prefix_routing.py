@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import random
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -62,6 +62,41 @@ class ReplicaLoad:
     kv_use: float = 0.0  # the share of its KV cells in use, as last reported
 
 
+class Sessions(Generic[K]):
+    """Each session's last replica, which wins a tie; the least recently used forgotten past max_sessions."""
+
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self._last: OrderedDict[str, K] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def __iter__(self) -> Iterator[str]:
+        """The sessions remembered, least recently used first."""
+        return iter(self._last)
+
+    def remember(self, session: str | None, replica: K) -> None:
+        if session is not None:
+            self._last[session] = replica
+            self._last.move_to_end(session)
+            if len(self._last) > self.max_sessions:
+                self._last.popitem(last=False)
+
+    def pick(self, best: list[K], session: str | None, rng: random.Random) -> K:
+        """Of the replicas tied `best`: the session's last, else one at random."""
+        last = self._last.get(session) if session is not None else None
+        if last is not None and last in best:
+            return last
+        return best[0] if len(best) == 1 else rng.choice(best)
+
+
+def two_choices(loads: Mapping[K, ReplicaLoad], rng: random.Random) -> K:
+    """Power of two choices: of two replicas drawn at random, the one with the shorter queue."""
+    drawn = rng.sample(list(loads), min(2, len(loads)))
+    return min(drawn, key=lambda replica: loads[replica].queue)
+
+
 @dataclass
 class _Held:
     reported: frozenset[int] = frozenset()
@@ -79,7 +114,7 @@ class PrefixRouter(Generic[K]):
         self.config = config
         self._rng = random.Random(seed)
         self._held: dict[K, _Held] = {}
-        self._sessions: OrderedDict[str, K] = OrderedDict()
+        self._sessions: Sessions[K] = Sessions(config.max_sessions)
         self.balanced = 0  # requests routed by load alone, the queues being imbalanced
 
     def report(self, replica: K, hashes: frozenset[int]) -> None:
@@ -107,15 +142,11 @@ class PrefixRouter(Generic[K]):
         longest, shortest = max(queues), min(queues)
         if longest - shortest > self.config.balance_abs and longest > self.config.balance_rel * shortest:
             self.balanced += 1
-            picked = self._two_choices(loads)
+            picked = two_choices(loads, self._rng)
         else:
             picked = self._best(blocks, n_tokens, loads, session)
         self._remember(picked, blocks, session)
         return picked
-
-    def _two_choices(self, loads: Mapping[K, ReplicaLoad]) -> K:
-        drawn = self._rng.sample(list(loads), min(2, len(loads)))
-        return min(drawn, key=lambda replica: loads[replica].queue)
 
     def _best(self, blocks: Sequence[int], n_tokens: int, loads: Mapping[K, ReplicaLoad], session: str | None) -> K:
         c = self.config
@@ -127,17 +158,10 @@ class PrefixRouter(Generic[K]):
             scores[replica] = c.w_prefix * matched - c.w_queue * work - c.w_kv * load.kv_use
         top = max(scores.values())
         best = [replica for replica, score in scores.items() if score >= top - 1e-9]
-        last = self._sessions.get(session) if session is not None else None
-        if last is not None and last in best:
-            return last
-        return best[0] if len(best) == 1 else self._rng.choice(best)
+        return self._sessions.pick(best, session, self._rng)
 
     def _remember(self, replica: K, blocks: Sequence[int], session: str | None) -> None:
         held = self._held.setdefault(replica, _Held())
         if len(held.sent) + len(blocks) <= self.config.max_blocks:
             held.sent.update(blocks)
-        if session is not None:
-            self._sessions[session] = replica
-            self._sessions.move_to_end(session)
-            if len(self._sessions) > self.config.max_sessions:
-                self._sessions.popitem(last=False)
+        self._sessions.remember(session, replica)

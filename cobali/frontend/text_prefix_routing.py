@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from cobali.frontend.prefix_routing import ReplicaLoad
+from cobali.frontend.prefix_routing import ReplicaLoad, Sessions, two_choices
 
 K = TypeVar("K", bound=Hashable)  # how the caller names a replica: an index in the simulator, a replica id in Ray
 _EDGE = 1024  # characters in one edge at most: what a split copies
@@ -186,7 +185,7 @@ class TextPrefixRouter(Generic[K]):
         self.config = config
         self._rng = random.Random(seed)
         self._trees: dict[K, _Tree] = {}
-        self._sessions: OrderedDict[str, K] = OrderedDict()
+        self._sessions: Sessions[K] = Sessions(config.max_sessions)
         self._routed = 0  # the stamp of the next route
         self.balanced = 0  # requests routed by load alone, the queues being imbalanced
 
@@ -211,8 +210,7 @@ class TextPrefixRouter(Generic[K]):
         queues = [load.queue for load in loads.values()]
         if max(queues) - min(queues) > self.config.imbalance:
             self.balanced += 1
-            drawn = self._rng.sample(list(loads), min(2, len(loads)))
-            picked = min(drawn, key=lambda replica: loads[replica].queue)
+            picked = two_choices(loads, self._rng)
         else:
             picked = self._by_prefix(text, loads, session)
         self._routed += 1
@@ -220,11 +218,7 @@ class TextPrefixRouter(Generic[K]):
         if tree is None:
             tree = self._trees[picked] = _Tree(self.config.max_chars)
         tree.insert(text, self._routed)
-        if session is not None:
-            self._sessions[session] = picked
-            self._sessions.move_to_end(session)
-            if len(self._sessions) > self.config.max_sessions:
-                self._sessions.popitem(last=False)
+        self._sessions.remember(session, picked)
         return picked
 
     def _by_prefix(self, text: str, loads: Mapping[K, ReplicaLoad], session: str | None) -> K:
@@ -235,7 +229,4 @@ class TextPrefixRouter(Generic[K]):
         else:
             smallest = min(self.held_chars(replica) for replica in loads)
             best = [replica for replica in loads if self.held_chars(replica) == smallest]
-        last = self._sessions.get(session) if session is not None else None
-        if last is not None and last in best:
-            return last
-        return best[0] if len(best) == 1 else self._rng.choice(best)
+        return self._sessions.pick(best, session, self._rng)

@@ -65,7 +65,12 @@ async def finals(generation: Generation) -> list:
 
 def run(scenario: Callable[[EngineClient, ProcessCore], Awaitable[None]], max_slots: int = 1, **options) -> None:
     core = ProcessCore(functools.partial(slow_engine, max_slots), lambda: text_side, **options)
-    client = EngineClient(core)
+    drive(EngineClient(core), core, scenario)
+
+
+def drive(client: EngineClient, core: ProcessCore,
+          scenario: Callable[[EngineClient, ProcessCore], Awaitable[None]]) -> None:
+    """The scenario run once the client's engine has loaded (or failed to); the client stopped after it."""
 
     async def main() -> None:
         client.start()

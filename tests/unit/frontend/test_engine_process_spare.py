@@ -6,7 +6,6 @@ is ready; when it fails, the load fails (Failed, loading=True), and the reader s
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import signal
@@ -27,7 +26,7 @@ from cobali.frontend.engine_process import ProcessCore, SparePool, TextLoad, Tex
 from cobali.http import serve
 from cobali.http.config import ServerConfig
 from cobali.structured.compiler import GrammarCompiler
-from tests.unit.frontend.test_engine_process import READY_WITHIN_S, SHORT, finals, slow_engine, text_side, until
+from tests.unit.frontend.test_engine_process import READY_WITHIN_S, SHORT, drive, finals, slow_engine, text_side, until
 
 PRELOAD = ("tests.unit.frontend.test_engine_process",)  # what the factory needs, as PRELOAD is for llama.cpp's
 GATE_WAIT_S = 20.0  # how long the gated engine waits for the text side to start: far beyond a thread's start
@@ -56,16 +55,7 @@ def run(scenario: Callable[[EngineClient, ProcessCore], Awaitable[None]], text: 
     client = EngineClient(core)
     if load_failures is not None:
         client.on_load_failed = load_failures.append
-
-    async def main() -> None:
-        client.start()
-        try:
-            await until(lambda: client.state is not EngineState.LOADING, READY_WITHIN_S)
-            await scenario(client, core)
-        finally:
-            await asyncio.to_thread(client.stop)
-
-    asyncio.run(main())
+    drive(client, core, scenario)
 
 
 @pytest.fixture
