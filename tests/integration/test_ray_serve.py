@@ -221,10 +221,13 @@ def test_replicas_run_their_engines_in_processes_of_their_own() -> None:
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=HANG_S)
         assert client.completions.create(model="smol", prompt="Hi", max_tokens=2).choices[0].finish_reason
 
-        # Two streams at once: the router sends the second to the replica the first does not busy.
+        # Two streams, the second sent once the first has tokens: the router then counts the first's work on its
+        # replica and sends the second to the other (sent at once, both could be chosen before either is counted).
         events = [threading.Event(), threading.Event()]
         with ThreadPoolExecutor(4) as pool:
-            streams = [pool.submit(long_stream, client, started) for started in events]
+            streams = [pool.submit(long_stream, client, events[0])]
+            wait_for(events[0].is_set, HANG_S, "the first stream has tokens")
+            streams.append(pool.submit(long_stream, client, events[1]))
             wait_for(lambda: all(e.is_set() for e in events), HANG_S, "both streams have tokens")
             busy = {row["replica"] for row in httpx.get(f"{base}/slots", timeout=HANG_S).json() if row["is_processing"]}
             assert len(busy) == 2, busy  # one stream on each: the engine killed holds one, whichever it is
