@@ -211,8 +211,10 @@ def long_stream(client: OpenAI, started: threading.Event) -> tuple[str | None, i
 
 @pytest.mark.timeout(240)  # a local Ray cluster and four engine loads: ~30 s on 2 cores
 def test_replicas_run_their_engines_in_processes_of_their_own() -> None:
+    # Routed by requests in flight: the kv router may put two prefix-less streams together once the first's
+    # prompt is computed (a tie on work), and this test is about the engines' processes, not the routing.
     with running_server("--replicas", "2", "--engine-process", "--max-slots", "2", "--served-model-name", "smol",
-                        "--shutdown-grace", "5") as (base, proc):
+                        "--shutdown-grace", "5", "--router", "least-busy") as (base, proc):
         both_ready(base)
         before = engine_pids(proc.pid)
         assert len(before) == 2, replica_children(proc.pid)
