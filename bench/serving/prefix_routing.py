@@ -11,7 +11,10 @@ customer each holding --turns turns of short questions, Poisson arrivals at --ra
 --url runs it once against a server already up. Reported per run: the prefix hit rate (the servers' own counters:
 cobali:prefix_cache_hits_total over cobali:prefix_cache_queries_total, over the run), TTFT p50 and p90 (from
 sending to the first streamed token), requests/s and output tokens/s (from the first send to the last reply's
-end) and requests lost (an error, or a reply short of --max-tokens).
+end) and requests lost (an error, or a reply short of --max-tokens). The JSON (--out) also holds each request's
+TTFT in the list's order, and the replicas' ticks, their seconds and the tokens they carried (the servers'
+tick_duration_seconds and iteration_tokens), to set a real run beside the simulator's request by request and tick
+by tick.
 
 --sim runs the same request list (the chats rendered and tokenized by --model's own template and tokenizer, at
 the same arrival times) through the simulator at --replicas with --profile's costs, under the same --serve-flags,
@@ -41,6 +44,9 @@ from cobali.harness.serve_client import ClientRecord, stream_one
 
 ROUTERS = ("least-busy", "text", "kv")
 HITS, QUERIES = "cobali:prefix_cache_hits_total", "cobali:prefix_cache_queries_total"
+# Read at the start and the end of a run: the run's share is the difference.
+COUNTERS = (HITS, QUERIES, "cobali:tick_duration_seconds_count", "cobali:tick_duration_seconds_sum",
+            "cobali:iteration_tokens_sum")
 HEADER = f"{'router':>10} {'requests':>8} {'lost':>5} {'hit':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'req/s':>7} " \
          f"{'out tok/s':>9}   (TTFT in ms)"
 
@@ -72,9 +78,9 @@ def counter_sum(page: str, name: str) -> float:
     return total
 
 
-async def prefix_counters(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
+async def run_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
     page = (await client.get(f"{url}/metrics")).text
-    return counter_sum(page, HITS), counter_sum(page, QUERIES)
+    return {name: counter_sum(page, name) for name in COUNTERS}
 
 
 async def run_chats(url: str, requests: Sequence[ChatRequest], offsets: Sequence[float],
@@ -82,7 +88,7 @@ async def run_chats(url: str, requests: Sequence[ChatRequest], offsets: Sequence
     """Send each request at its offset; the summary of what came back."""
     limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=10.0)) as client:
-        hits0, queries0 = await prefix_counters(client, url)
+        before = await run_counters(client, url)
         wall0 = time.perf_counter()
 
         async def one(index: int, request: ChatRequest) -> ClientRecord:
@@ -93,14 +99,19 @@ async def run_chats(url: str, requests: Sequence[ChatRequest], offsets: Sequence
                                     headers={"x-session-id": request.session})
 
         records = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
-        hits1, queries1 = await prefix_counters(client, url)
-    return summarize(records, wall0, (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
-                     requests[0].max_tokens if requests else 0)
+        after = await run_counters(client, url)
+    ran = {name: after[name] - before[name] for name in COUNTERS}
+    summary = summarize(records, wall0, ran[HITS] / ran[QUERIES] if ran[QUERIES] > 0 else 0.0,
+                        requests[0].max_tokens if requests else 0)
+    summary.update(ticks=int(ran["cobali:tick_duration_seconds_count"]), tick_s=ran["cobali:tick_duration_seconds_sum"],
+                   batch_tokens=int(ran["cobali:iteration_tokens_sum"]))
+    return summary
 
 
 def summarize(records: Sequence[ClientRecord], wall0: float, hit_rate: float, max_tokens: int) -> dict:
     done = [r for r in records if r.error is None and r.output_tokens == max_tokens and r.chunk_times]
     ttft = [(r.chunk_times[0] - r.start) * 1e3 for r in done]
+    by_index = {r.index: (r.chunk_times[0] - r.start) * 1e3 for r in done}
     end = max((r.end for r in done if r.end is not None), default=wall0)
     wall = max(end - wall0, 1e-9)
     errors = sorted({r.error for r in records if r.error is not None})
@@ -108,7 +119,7 @@ def summarize(records: Sequence[ClientRecord], wall0: float, hit_rate: float, ma
             "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
             "ttft_p90_ms": float(np.percentile(ttft, 90)) if ttft else None,
             "requests_per_s": len(done) / wall, "output_tok_s": sum(r.output_tokens for r in done) / wall,
-            "wall_s": wall, "errors": errors[:5]}
+            "wall_s": wall, "errors": errors[:5], "ttft_ms": [by_index.get(i) for i in range(len(records))]}
 
 
 def row(router: str, s: dict) -> str:
@@ -131,7 +142,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--startup-s", type=positive_float, default=300, help="--launch: wait for /health this long")
     parser.add_argument("--model", default=None, help="GGUF whose template and tokenizer size and render the chats "
                                                       "(default: the embedded model, as the server's)")
-    parser.add_argument("--profile", default="cpu-2core-smollm2", help="--sim: the cost profile")
+    parser.add_argument("--profile", default="cpu-1thread-smollm2",
+                        help="--sim: the cost profile (default: this project's VM on one thread, as a replica runs)")
     shape = ChatShape()
     parser.add_argument("--customers", type=positive_int, default=shape.customers)
     parser.add_argument("--users", type=positive_int, default=shape.users, help="per customer")

@@ -41,13 +41,16 @@ def sim_args(args: argparse.Namespace, router: str) -> argparse.Namespace:
 
 
 def summary(result_finished: Sequence, result: dict) -> dict:
-    ttft = [f.timing.ttft_ms for f in result_finished if f is not None and f.timing.ttft_ms is not None]
+    by_index = [f.timing.ttft_ms if f is not None else None for f in result_finished]
+    ttft = [t for t in by_index if t is not None]
     return {"requests": result["requests"] + result["unfinished"], "lost": result["unfinished"] + result["failed"],
             "prefix_hit_rate": result["prefix_hit_rate"],
             "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
             "ttft_p90_ms": float(np.percentile(ttft, 90)) if ttft else None,
             "requests_per_s": result["requests_per_s"], "output_tok_s": result["output_tok_s"],
-            "wall_s": result["wall_s"], "sim_real_s": result["sim_real_s"]}
+            "wall_s": result["wall_s"], "sim_real_s": result["sim_real_s"], "ttft_ms": by_index,
+            "ticks": result["ticks"], "tick_s": result["busy_share"] * result["wall_s"] * result["replicas"],
+            "batch_tokens": round(result["mean_batch_tokens"] * result["ticks"])}
 
 
 def simulate_chats(args: argparse.Namespace, text: TextSide, requests: Sequence[ChatRequest],

@@ -1,17 +1,21 @@
 """The tick-cost model: what one tick costs from what its batch carries, measured once or learned online.
 
     tick_s = t0 + per prefill token * P + per decode row * D + per decode KV token * KV
-             + per prefill KV token * PKV
+             + per prefill KV token * PKV + per short chunk's KV token * SKV
 
 P prefill tokens, D decode rows, KV the decode rows' context tokens summed, PKV the context each prefill chunk
 attends to beyond itself (its tokens times its start position, summed: a chunk deep into a long prompt costs
-more than one at its start). The model is linear: a tick mixing prefill and decode costs the sum of its parts.
+more than one at its start), SKV the part of PKV in chunks shorter than the backend's prefill tile. Such a chunk
+attends row by row, not in tiles (llama.cpp's CPU flash attention: 9.3 ms a token for 32 tokens at depth 1,536
+against 5.9 for 128, on this project's VM), and a warm turn's few new tokens deep into a long context are such
+a chunk. The model is linear: a tick mixing prefill and decode costs the sum of its parts.
 
 Two cost models share the terms (TickTerms) and the CostModel protocol:
-- CostProfile: five coefficients fitted by least squares to `cobali calibrate`'s measurements, saved as JSON;
+- CostProfile: six coefficients fitted by least squares to `cobali calibrate`'s measurements, saved as JSON;
   the simulator runs on one, and one seeds the online fit. A profile also records the model tokenizer's
   characters per token, so that the simulator sizes text prompts as the model would. Bundled profiles
-  (`--profile NAME`): `cpu-2core-smollm2` (this project's 2-core CPU and SmolLM2-135M Q4_1, measured), and
+  (`--profile NAME`): `cpu-2core-smollm2` (this project's 2-core CPU and SmolLM2-135M Q4_1, measured),
+  `cpu-1thread-smollm2` (the same on one thread, as each of two replicas runs there, with the short-chunk term), and
   `h100-llama-8b` (an ESTIMATE from NVIDIA's datasheet and the model's shape, not measured: see its `source`).
 - OnlineCostFit: learned from the engine's own tick times by recursive least squares with exponential
   forgetting, so the fit follows a machine whose costs drift (another tenant, thermal limits, a longer
@@ -52,13 +56,15 @@ class TickTerms:
     decode_rows: int
     decode_kv_tokens: int
     prefill_kv_tokens: int = 0
+    short_prefill_kv_tokens: int = 0  # the part of prefill_kv_tokens in chunks shorter than the prefill tile
     prompt_ends: tuple[int, ...] = ()  # the lengths of the prompts whose prefill ended this tick (no cost term)
 
     @classmethod
-    def of_plan(cls, plan: Plan) -> TickTerms:
+    def of_plan(cls, plan: Plan, prefill_tile: int = 1) -> TickTerms:
         """A decode row at position p reads p KV tokens; a prefill chunk of n tokens starting at p reads
-        n * p beyond itself."""
-        prefill = decode_rows = decode_kv = prefill_kv = 0
+        n * p beyond itself, counted again in short_prefill_kv_tokens when n < prefill_tile (the backend's,
+        BackendInfo.prefill_tile)."""
+        prefill = decode_rows = decode_kv = prefill_kv = short_kv = 0
         prompt_ends: list[int] = []
         for chunk in plan.chunks:  # one pass: every tick, over hundreds of decode rows
             if chunk.kind is ChunkKind.DECODE:
@@ -66,15 +72,19 @@ class TickTerms:
                 decode_kv += chunk.start
                 if chunk.n_tokens > 1:  # guessed tokens behind the row cost what a prompt chunk's tokens do
                     prefill += chunk.n_tokens - 1
-                    prefill_kv += (chunk.n_tokens - 1) * (chunk.start + 1)
+                    deep = (chunk.n_tokens - 1) * (chunk.start + 1)
+                    prefill_kv += deep
+                    short_kv += deep if chunk.n_tokens - 1 < prefill_tile else 0
             else:
                 prefill += chunk.n_tokens
                 prefill_kv += chunk.n_tokens * chunk.start
+                short_kv += chunk.n_tokens * chunk.start if chunk.n_tokens < prefill_tile else 0
                 if chunk.yields_token:
                     prompt_ends.append(chunk.start + chunk.n_tokens)
-        return cls(prefill, decode_rows, decode_kv, prefill_kv, tuple(prompt_ends))
+        return cls(prefill, decode_rows, decode_kv, prefill_kv, short_kv, tuple(prompt_ends))
 
     def vector(self) -> np.ndarray:
+        """The online fit's five features: it does not tell short chunks apart (a profile does)."""
         x = (1.0, self.prefill_tokens, self.decode_rows, self.decode_kv_tokens, self.prefill_kv_tokens)
         return np.array(x) / _SCALE
 
@@ -100,6 +110,7 @@ class CostProfile:
     decode_s_per_row: float
     decode_s_per_kv_token: float
     prefill_s_per_kv_token: float = 0.0
+    short_chunk_s_per_kv_token: float = 0.0  # on top of prefill_s_per_kv_token, for chunks below the tile
     device: str = ""
     source: str = ""
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN  # `cobali calibrate` measures the model's own
@@ -108,19 +119,21 @@ class CostProfile:
     def predict(self, terms: TickTerms) -> float:
         return (self.t0_s + self.prefill_s_per_token * terms.prefill_tokens + self.decode_s_per_row * terms.decode_rows
                 + self.decode_s_per_kv_token * terms.decode_kv_tokens
-                + self.prefill_s_per_kv_token * terms.prefill_kv_tokens)
+                + self.prefill_s_per_kv_token * terms.prefill_kv_tokens
+                + self.short_chunk_s_per_kv_token * terms.short_prefill_kv_tokens)
 
     @classmethod
     def fit(cls, points: list[Measurement], device: str, source: str,
             chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> CostProfile:
         x = np.array([[1.0, m.terms.prefill_tokens, m.terms.decode_rows, m.terms.decode_kv_tokens,
-                       m.terms.prefill_kv_tokens] for m in points])
+                       m.terms.prefill_kv_tokens, m.terms.short_prefill_kv_tokens] for m in points])
         y = np.array([m.seconds for m in points])
+        # A term no measurement excites (no short chunk timed) gets 0: lstsq's least-norm answer.
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
         coef = np.maximum(coef, 0.0)  # a negative cost is noise, and would make the budget unbounded
-        t0_s, per_token, per_row, per_kv_token, per_prefill_kv_token = map(float, coef)
-        return cls(t0_s, per_token, per_row, per_kv_token, per_prefill_kv_token, device=device, source=source,
-                   chars_per_token=chars_per_token, measurements=tuple(points))
+        t0_s, per_token, per_row, per_kv_token, per_prefill_kv_token, per_short_kv_token = map(float, coef)
+        return cls(t0_s, per_token, per_row, per_kv_token, per_prefill_kv_token, per_short_kv_token, device=device,
+                   source=source, chars_per_token=chars_per_token, measurements=tuple(points))
 
     def save(self, path: str | Path) -> None:
         """Measurements are saved flat (their terms beside their seconds), as profiles have always been."""

@@ -1,8 +1,9 @@
 """`cobali calibrate`: measure the backend on this machine and save a cost profile.
 
 Four kinds of batch are timed straight through the backend seam (no scheduler in the way):
-prefill chunks of several sizes, the same chunks resumed deep into a long prompt, decode steps for
-several sequence counts and context lengths, and prefill chunks with every slot's decode row mixed in.
+prefill chunks of several sizes, chunks resumed deep into a long prompt (some shorter than the backend's
+prefill tile, as a warm turn's few new tokens are), decode steps for several sequence counts and context
+lengths, and prefill chunks with every slot's decode row mixed in.
 The model's characters per token, over a sample of text prompts, is recorded for the simulator.
 """
 
@@ -25,7 +26,7 @@ PREFILL_SIZES = (32, 64, 128, 256, 512)
 DECODE_SEQS = (1, 2, 4, 8, 16)
 DECODE_KV = (128, 512)
 MIX_SIZES = (64, 256)
-DEEP_SIZES = (64, 256)
+DEEP_SIZES = (16, 32, 128, 256)  # below and above llama.cpp's tile of 65 (BackendInfo.prefill_tile)
 DEEP_STARTS = (512, 1024, 1536)
 SOURCE_SEQ = 0
 
@@ -66,7 +67,7 @@ def measure(backend: Backend, max_slots: int, n_batch: int, repeats: int = 3) ->
         backend.remove_seq(fresh)
         seconds = _time_batch(backend, [(fresh, p) for p in range(size)], repeats)
         points.append(Measurement(TickTerms(size, 0, 0), seconds))
-    points += _measure_deep_prefill(backend, fresh, n_batch, repeats)
+    points += measure_deep_prefill(backend, fresh, n_batch, repeats)
     decode_seqs = [n for n in DECODE_SEQS if n < max_slots] or [1]
     for kv_len in DECODE_KV:
         _fill(backend, max(decode_seqs), kv_len, n_batch)
@@ -81,8 +82,10 @@ def measure(backend: Backend, max_slots: int, n_batch: int, repeats: int = 3) ->
     return points
 
 
-def _measure_deep_prefill(backend: Backend, seq: int, n_batch: int, repeats: int) -> list[Measurement]:
-    """Chunks resumed at a deep position: what they attend to beyond themselves costs extra."""
+def measure_deep_prefill(backend: Backend, seq: int, n_batch: int, repeats: int) -> list[Measurement]:
+    """Chunks resumed at a deep position: what they attend to beyond themselves costs extra, and more again in a
+    chunk shorter than the backend's prefill tile."""
+    tile = backend.info.prefill_tile
     points = []
     done = 0
     backend.remove_seq(seq)
@@ -94,7 +97,8 @@ def _measure_deep_prefill(backend: Backend, seq: int, n_batch: int, repeats: int
             done += n
         for size in (s for s in DEEP_SIZES if s <= n_batch):
             seconds = _time_batch(backend, [(seq, p) for p in range(start, start + size)], repeats)
-            points.append(Measurement(TickTerms(size, 0, 0, prefill_kv_tokens=size * start), seconds))
+            deep = size * start
+            points.append(Measurement(TickTerms(size, 0, 0, deep, deep if size < tile else 0), seconds))
     backend.remove_seq(seq)
     return points
 
@@ -118,7 +122,8 @@ def format_profile(profile: CostProfile) -> str:
     lines.append(f"fit: tick = {profile.t0_s * 1e3:.2f} ms + {profile.prefill_s_per_token * 1e3:.3f} ms/prefill token"
                  f" + {profile.decode_s_per_row * 1e3:.3f} ms/decode row"
                  f" + {profile.decode_s_per_kv_token * 1e6:.3f} us/decode KV token"
-                 f" + {profile.prefill_s_per_kv_token * 1e6:.3f} us/prefill token per position of depth")
+                 f" + {profile.prefill_s_per_kv_token * 1e6:.3f} us/prefill token per position of depth"
+                 f" (+ {profile.short_chunk_s_per_kv_token * 1e6:.3f} in a chunk below the prefill tile)")
     lines.append(f"tokenizer: {profile.chars_per_token:.2f} characters per token")
     return "\n".join(lines)
 

@@ -12,7 +12,9 @@ Three policies (--router):
 - least-busy: the less busy of two replicas drawn at random.
 
 The load is this router's own count, fresh at every request: requests routed to a replica and not completed
-(its queue), and their prompt tokens (its work; a request without a hint counts as one token). A report's
+(its queue), and their tokens to compute (its work): under kv, each prompt less the leading blocks the router
+believed that replica held when it was routed (PrefixRouter.uncached_tokens); otherwise the whole prompt; a
+request without a hint counts as one token. A report's
 token counts are a period old, and the simulator found that stale counts herd requests onto whichever
 replica reported least (docs/results.md, issue 47). A hint may pin a call to one replica (the ingress asks
 each for /metrics, /health, /slots) or ask that replicas which refused it be passed over.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +36,7 @@ from cobali.http.config import ServerConfig
 
 ReplicaId = str  # a replica as Ray Serve names it (ReplicaID.unique_id)
 HOWS = ("prefix", "load", "balance", "text", "pinned")  # how requests were routed, for /metrics
+MAX_PENDING = 4096  # calls ranked and not yet routed whose work per replica is kept (a cancelled one is forgotten)
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class Policy:
         self._queue: Counter[ReplicaId] = Counter()
         self._work: Counter[ReplicaId] = Counter()
         self._reports: dict[ReplicaId, _Report] = {}
+        # Each call's tokens to compute on each replica it was ranked over, kept from rank() to routed().
+        self._pending: OrderedDict[RoutingHint, dict[ReplicaId, int]] = OrderedDict()
         self._known: set[ReplicaId] = set()  # the replicas Ray Serve listed last
         self.replicas: tuple[ReplicaId, ...] = ()  # the same, in its order, replaced whole: the ingress reads it
         self.counts: dict[str, int] = dict.fromkeys(HOWS, 0)
@@ -131,6 +136,7 @@ class Policy:
         loads = {r: ReplicaLoad(self._queue[r], self._work[r] or self._queue[r], self._kv_use(r)) for r in replicas}
         if self._prefix is not None:
             holding = {r for r in replicas if self._prefix.matched_blocks(r, hint.blocks)}  # before route()
+            self._keep_work(hint, {r: self._prefix.uncached_tokens(r, hint.blocks, hint.n_tokens) for r in replicas})
             balanced = self._prefix.balanced  # remembers what it sends
             chosen = self._prefix.route(hint.blocks, hint.n_tokens, loads, hint.session)
             self.counts["balance" if self._prefix.balanced > balanced else "prefix" if chosen in holding
@@ -143,6 +149,12 @@ class Policy:
         drawn = self._rng.sample(list(replicas), min(2, len(replicas)))
         return min(drawn, key=lambda r: self._queue[r])
 
+    def _keep_work(self, hint: RoutingHint, work: dict[ReplicaId, int]) -> None:
+        self._pending[hint] = work
+        self._pending.move_to_end(hint)
+        if len(self._pending) > MAX_PENDING:
+            self._pending.popitem(last=False)
+
     def _kv_use(self, replica: ReplicaId) -> float:
         report = self._reports.get(replica)
         return report.kv_use if report is not None else 0.0
@@ -152,6 +164,8 @@ class Policy:
         if hint is not None and hint.replica is not None:
             self.counts["pinned"] += 1
         tokens = max(hint.n_tokens, 1) if hint is not None else 1
+        if hint is not None and hint in self._pending:  # ranked by kv: what it computes where it went
+            tokens = self._pending.pop(hint).get(replica, tokens)
         self.completed(call)  # a call routed again (its replica refused it) leaves the first one's count
         self._in_flight[call] = (replica, tokens)
         self._queue[replica] += 1

@@ -80,7 +80,7 @@ class SimBackend(FakeBackend):
         starts = [0, *cuts]
         runs = list(zip(starts, [*cuts, n], seq_ids[starts].tolist(), strict=True))
         next_pos: dict[int, int] = {}
-        decode_rows = kv_tokens = prefill_kv_tokens = 0
+        decode_rows = kv_tokens = prefill_kv_tokens = short_kv_tokens = 0
         for start, end, seq in runs:
             first = next_pos.get(seq)
             if first is None:
@@ -92,13 +92,16 @@ class SimBackend(FakeBackend):
                 kv_tokens += first + 1
             else:
                 prefill_kv_tokens += (end - start) * first
+                if end - start < self.prefill_tile:  # attended row by row: costs more per position of depth
+                    short_kv_tokens += (end - start) * first
         if self.kv_unified:
             fits = sum(map(len, self.kv.values())) + n <= self.info.n_ctx
         else:
             fits = max(next_pos.values()) <= self.n_ctx_seq
         if not fits:
             raise DecodeError("no KV slot for the batch", code=1)
-        return runs, self.costs.predict(TickTerms(n - decode_rows, decode_rows, kv_tokens, prefill_kv_tokens))
+        terms = TickTerms(n - decode_rows, decode_rows, kv_tokens, prefill_kv_tokens, short_kv_tokens)
+        return runs, self.costs.predict(terms)
 
     def _logits(self, pos: list[int], seqs: list[int], want: list[bool]) -> np.ndarray:
         """The fake's logits (a peak at a target set by the last 3 tokens and the length), vectorized."""

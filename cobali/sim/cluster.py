@@ -78,6 +78,8 @@ class Replica:
         self.finished = finished
         self.outstanding = 0  # prompt + max output tokens of everything routed here and not finished
         self._cost: dict[int, int] = {}  # each of those's, by its index
+        self._work: dict[int, int] = {}  # and the tokens the router expected each to compute here
+        self.routed_work = 0  # their sum: a router's count of its work (cobali/ray/policy.py)
         self.ticks = self.batch_tokens = self.wasted = self.routed = 0
 
     def queued_tokens(self) -> int:
@@ -88,12 +90,14 @@ class Replica:
         """Requests routed here and not finished: in the backlog, waiting or running."""
         return len(self._cost)
 
-    def arrive(self, index: int, item: SimItem, t: float) -> None:
+    def arrive(self, index: int, item: SimItem, t: float, work: int) -> None:
         self.clock.advance_to(t)  # an idle replica's clock waits here; a busy one is already past t
         params = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
         self.llm.push(Pending(index, item.tokens, params, arrival_time=t))
         self._cost[index] = len(item.tokens) + item.max_tokens
         self.outstanding += self._cost[index]
+        self._work[index] = work
+        self.routed_work += work
         self.routed += 1
 
     def run_until(self, t: float) -> None:
@@ -101,6 +105,7 @@ class Replica:
             for index, output in self.llm.step():
                 assert isinstance(index, int)
                 self.outstanding -= self._cost.pop(index)
+                self.routed_work -= self._work.pop(index)
                 stats = output.stats
                 assert stats is not None
                 self.finished[index] = Finished(request_timing(stats), stats.n_prompt_tokens, stats.n_output_tokens,
@@ -176,14 +181,15 @@ def simulate(items: Sequence[SimItem], arrivals: Sequence[float], spec: SimSpec,
         if stop is not None and stop.reached(finished):
             break
         if routing is None:
-            min(replicas, key=Replica.queued_tokens).arrive(index, item, t)
+            min(replicas, key=Replica.queued_tokens).arrive(index, item, t, len(item.tokens))
         else:
-            queues = [(r.queue, r.queued_tokens()) for r in replicas]
+            # The loads a deployment's router knows: its own count of what it sent (cobali/ray/policy.py).
+            queues = [(r.queue, r.routed_work) for r in replicas]
             if isinstance(routing, KvRouting):
-                picked = routing.pick(engines, queues, item.tokens, item.session, t)
+                picked, work = routing.pick(engines, queues, item.tokens, item.session, t)
             else:
-                picked = routing.pick(queues, item.text, item.tokens, item.session)
-            replicas[picked].arrive(index, item, t)
+                picked, work = routing.pick(queues, item.text, item.tokens, item.session), len(item.tokens)
+            replicas[picked].arrive(index, item, t, work)
     else:
         for replica in replicas:
             replica.run_until(float("inf"))

@@ -2,9 +2,10 @@
 
 Each replica reports its digest and KV use every report_period_s of virtual time, its phase spread over the
 period (replica i first at i / n of it), so that the router routes on what the replicas held up to a period ago,
-as it would in a deployment. The loads are live: the requests sent and not finished, and the tokens of theirs
-not computed yet (a deployment has to keep these fresh, by the replicas' answers or a probe: routed on a
-second-old count, requests herded onto the replica that reported least).
+as it would in a deployment. The loads are the router's own count, as the deployment's (cobali/ray/policy.py):
+the requests sent and not finished, and the tokens each was expected to compute where it went (its prompt less
+the leading blocks the router believed that replica held). Routed on a report's second-old counts instead,
+requests herded onto the replica that reported least.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ class KvRouting:
         self.reports = 0
 
     def pick(self, engines: Sequence[Engine], queues: Sequence[tuple[int, int]], tokens: Sequence[int],
-             session: str | None, t: float) -> int:
-        """The replica for a prompt arriving at t, each engine already run up to t; queues: each one's requests
-        and tokens not computed yet."""
+             session: str | None, t: float) -> tuple[int, int]:
+        """The replica for a prompt arriving at t, each engine already run up to t, and the tokens it is expected
+        to compute there; queues: each one's requests in flight and their tokens to compute."""
         assert len(engines) == len(queues) == len(self.builders)
         for i, engine in enumerate(engines):
             if t >= self._next_report[i]:
@@ -37,7 +38,9 @@ class KvRouting:
                 self._next_report[i] += period * ((t - self._next_report[i]) // period + 1)
         loads = {i: ReplicaLoad(requests, work, self._kv_use[i]) for i, (requests, work) in enumerate(queues)}
         blocks = prompt_blocks(tokens, self.config.block_tokens)
-        return self.router.route(blocks, len(tokens), loads, session)
+        work = [self.router.uncached_tokens(i, blocks, len(tokens)) for i in range(len(engines))]  # before route()
+        picked = self.router.route(blocks, len(tokens), loads, session)
+        return picked, work[picked]
 
     def _report(self, i: int, engine: Engine) -> None:
         self.router.report(i, frozenset(self.builders[i].digest(engine.held_prefixes())))

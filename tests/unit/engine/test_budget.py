@@ -8,6 +8,7 @@ from cobali.engine.budget import AdaptiveBudget
 from cobali.engine.costs import CostProfile, Measurement, OnlineCostFit, TickTerms
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
+from cobali.engine.plan import Chunk, ChunkKind, Plan
 from cobali.engine.sampling_params import SamplingParams
 from cobali.frontend.offline import LLM
 from cobali.sim.backend import SimBackend
@@ -86,12 +87,28 @@ def test_chunks_shrink_as_a_long_prompt_goes_deeper() -> None:
 
 def test_fit_recovers_known_coefficients() -> None:
     truth = CostProfile(t0_s=0.010, prefill_s_per_token=0.002, decode_s_per_row=0.005, decode_s_per_kv_token=1e-6,
-                        prefill_s_per_kv_token=3e-6)
-    points = [Measurement(TickTerms(p, d, d * kv, p * depth), truth.predict(TickTerms(p, d, d * kv, p * depth)))
-              for p in (0, 32, 256) for d in (0, 1, 8) for kv in (100, 700) for depth in (0, 500) if p or d]
-    fitted = CostProfile.fit(points, device="test", source="unit")
-    for name in ("t0_s", "prefill_s_per_token", "decode_s_per_row", "decode_s_per_kv_token", "prefill_s_per_kv_token"):
+                        prefill_s_per_kv_token=3e-6, short_chunk_s_per_kv_token=2e-6)
+    tile = 64
+    terms = [TickTerms(p, d, d * kv, p * depth, p * depth if p < tile else 0)
+             for p in (0, 32, 256) for d in (0, 1, 8) for kv in (100, 700) for depth in (0, 500) if p or d]
+    fitted = CostProfile.fit([Measurement(t, truth.predict(t)) for t in terms], device="test", source="unit")
+    for name in ("t0_s", "prefill_s_per_token", "decode_s_per_row", "decode_s_per_kv_token", "prefill_s_per_kv_token",
+                 "short_chunk_s_per_kv_token"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6, abs=1e-12)
+
+
+def test_a_short_chunk_deep_in_a_prompt_costs_its_own_rate() -> None:
+    """A chunk shorter than the backend's prefill tile attends row by row: its depth is priced again."""
+    profile = CostProfile(0.0, 0.004, 0.005, 1e-6, prefill_s_per_kv_token=1e-6, short_chunk_s_per_kv_token=2e-6)
+    short = Plan(0, (Chunk(1, 0, ChunkKind.PREFILL, 1500, 21, 1521, True),))
+    long = Plan(0, (Chunk(1, 0, ChunkKind.PREFILL, 1500, 128, 1628, False),))
+    assert TickTerms.of_plan(short, prefill_tile=65).short_prefill_kv_tokens == 21 * 1500
+    assert TickTerms.of_plan(long, prefill_tile=65).short_prefill_kv_tokens == 0
+    assert TickTerms.of_plan(short).short_prefill_kv_tokens == 0, "a backend with no tile has no short chunks"
+    assert profile.predict(TickTerms.of_plan(short, 65)) == pytest.approx(21 * 0.004 + 21 * 1500 * 3e-6)
+    # Fitted with no short chunk measured (an older profile's points), the term is 0, not noise.
+    points = [Measurement(TickTerms(p, 0, 0, p * d), 0.004 * p + 1e-6 * p * d) for p in (64, 256) for d in (0, 900)]
+    assert CostProfile.fit(points, device="d", source="s").short_chunk_s_per_kv_token == 0.0
 
 
 def test_profile_round_trips_through_json(tmp_path) -> None:

@@ -138,3 +138,27 @@ def test_the_text_policy_routes_by_the_prompt_s_text() -> None:
     policy.completed("1")
     assert route(policy, RoutingHint(text=system + "Question two?"), "2") == first
     assert policy.counts["text"] == 2
+
+
+def test_a_replica_busy_with_warm_turns_is_not_as_loaded_as_one_computing_a_cold_context() -> None:
+    """A request's work is what it computes where it went: a warm turn's few tokens, not its whole prompt."""
+    policy = Policy(PolicyConfig(), seed=3)
+    policy.retain(["a", "b"])
+    context = prompt(24, 100)
+    report(policy, "a", 1, set(context.blocks))
+    warm = [RoutingHint((*context.blocks, 200 + i), 25 * BLOCK) for i in range(2)]
+    assert [route(policy, hint, f"warm{i}", ["a", "b"]) for i, hint in enumerate(warm)] == ["a", "a"]
+    policy.routed("cold", "b", prompt(24, 300))  # b computes a whole context
+    # a's two turns, a block each to compute, weigh less than b's 24 blocks: the next cold prompt goes to a.
+    assert route(policy, prompt(24, 400), "next", ["a", "b"]) == "a"
+    assert policy.counts["load"] == 1
+
+
+def test_uncached_tokens_is_the_prompt_less_the_leading_blocks_held() -> None:
+    policy = Policy(PolicyConfig(), seed=4)
+    hint = prompt(10, 700)
+    report(policy, "a", 1, set(hint.blocks[:4]))
+    assert route(policy, hint, "one", ["a"]) == "a"
+    assert policy._work["a"] == hint.n_tokens - 4 * BLOCK
+    policy.completed("one")
+    assert policy._work["a"] == 0

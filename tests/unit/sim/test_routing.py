@@ -67,12 +67,15 @@ def test_without_shared_prefixes_the_kv_router_loses_nothing_and_balances() -> N
     rng = np.random.default_rng(0)
     items = [SimItem(rng.integers(1, 96, 300).tolist(), 8) for _ in range(48)]
     arrivals = np.cumsum(rng.exponential(1 / 6.0, 48)).tolist()
-    _, by_load = run(items, arrivals, None)
+    # Against routing by load as a deployment can (Ray Serve's default: the router knows what it sent, not what
+    # each replica has computed of it since).
+    _, by_load = run(items, arrivals, PowerOfTwo())
     result, by_kv = run(items, arrivals, KV)
     assert by_kv["prefix_hit_rate"] == by_load["prefix_hit_rate"] == 0
     assert by_kv["ttft_mean_ms"] <= 1.1 * by_load["ttft_mean_ms"]
     routed = [r.routed for r in result.replicas]
     assert max(routed) <= 2 * min(routed), routed
+    assert [r.routed_work for r in result.replicas] == [0] * len(result.replicas), "all finished: no work left"
 
 
 def test_the_text_tree_reuses_contexts_and_spreads_prompts_that_share_nothing() -> None:

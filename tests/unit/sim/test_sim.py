@@ -12,7 +12,7 @@ from cobali.engine.costs import CostProfile, TickTerms, load_profile
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.sampling_params import SamplingParams
-from cobali.faces.calibrate import chars_per_token
+from cobali.faces.calibrate import chars_per_token, measure_deep_prefill
 from cobali.faces.cli import main
 from cobali.frontend.offline import LLM
 from cobali.sim.backend import SimBackend
@@ -54,6 +54,16 @@ def test_decode_advances_the_clock_by_the_profile() -> None:
     assert backend.clock() == pytest.approx(1.5 + 1.0 + 3 * 0.1 + 0.01 + 6 * 0.001)
 
 
+def test_a_short_chunk_deep_in_a_sequence_costs_the_short_rate() -> None:
+    costs = CostProfile(t0_s=0.0, prefill_s_per_token=0.0, decode_s_per_row=0.0, decode_s_per_kv_token=0.0,
+                        prefill_s_per_kv_token=1e-3, short_chunk_s_per_kv_token=2e-3)
+    for tile, per_depth in ((1, 1e-3), (8, 3e-3)):
+        backend = SimBackend(costs, n_seq_max=1, prefill_tile=tile)
+        backend.decode(rows(*range(1, 9)), rows(*range(8)), rows(*[0] * 8), rows(*[0] * 7, 1))  # 8 at depth 0
+        backend.decode(rows(1, 2, 3), rows(8, 9, 10), rows(0, 0, 0), rows(0, 0, 1))  # 3 at depth 8
+        assert backend.clock() == pytest.approx(3 * 8 * per_depth)
+
+
 def test_engine_timestamps_are_virtual() -> None:
     backend = SimBackend(UNIT, n_seq_max=2)
     engine = Engine(backend, EngineConfig(max_slots=2, n_batch=64, record_ticks=False), clock=backend.clock)
@@ -92,6 +102,9 @@ def test_bundled_profiles_load() -> None:
     assert 150 < 256 / cpu.predict(TickTerms(256, 0, 0)) < 600, "prefill of the 135M model runs at ~300 tok/s"
     assert 4.0 < cpu.chars_per_token < 5.0, "the model's tokenizer, measured over mixed_length"
     assert "ESTIMATE" in load_profile("h100-llama-8b").device
+    one = load_profile("cpu-1thread-smollm2")
+    deep_short, deep_long = TickTerms(32, 0, 0, 32 * 1536, 32 * 1536), TickTerms(128, 0, 0, 128 * 1536)
+    assert one.predict(deep_short) / 32 > 1.3 * one.predict(deep_long) / 128, "short chunks deep cost more a token"
 
 
 def test_simulate_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,6 +135,17 @@ def test_simulate_sizes_text_prompts_by_the_profile(tmp_path: Path, capsys: pyte
     assert "prompt tokens       80\n" in capsys.readouterr().out
     assert main([*argv, "--chars-per-token", "4"]) == 0
     assert "prompt tokens       40\n" in capsys.readouterr().out
+
+
+def test_calibrate_times_short_chunks_deep_in_a_prompt_as_such() -> None:
+    backend = FakeBackend(n_seq_max=1, n_ctx_seq=2048, n_batch=512, prefill_tile=65)
+    points = measure_deep_prefill(backend, 0, n_batch=512, repeats=1)
+    sizes = {m.terms.prefill_tokens for m in points}
+    assert {s for s in sizes if s < 65} and {s for s in sizes if s >= 65}, "chunks on both sides of the tile"
+    for m in points:
+        assert m.terms.prefill_kv_tokens > 0
+        short = m.terms.prefill_kv_tokens if m.terms.prefill_tokens < 65 else 0
+        assert m.terms.short_prefill_kv_tokens == short
 
 
 def test_calibrate_measures_characters_per_token() -> None:
