@@ -21,6 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from cobali.backends.base import Backend
+from cobali.backends.llama_cpp.loading import repack_flag
 from cobali.config.flags import add_backend_args, backend_config, positive_int
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
@@ -81,7 +82,7 @@ def report(label: str, row: dict, n_slots: int) -> None:
 def batched_bench(args: argparse.Namespace, model: str) -> float:
     cmd = [args.batched_bench, "-m", model, "-c", str(args.ctx), "-b", str(args.n_batch), "-ub", str(args.n_batch),
            "-npp", str(args.prompt_tokens), "-ntg", str(args.gen_tokens), "-npl", str(args.max_slots),
-           "-t", str(args.threads or 2), "--no-repack"]
+           "-t", str(args.threads or 2), repack_flag(model, args.repack)]  # as cobali loads it
     if args.kv_unified:
         cmd.append("-kvu")
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout

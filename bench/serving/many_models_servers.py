@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from cobali.backends.embedded_model import embedded_model_path
+from cobali.backends.llama_cpp.loading import repack_flag
 from cobali.faces.synth_model import SHAPES, ModelShape, synth_model
 
 LLAMA_SERVER = Path.home() / ".cache" / "cobali" / "llama.cpp" / "build" / "bin" / "llama-server"
@@ -107,13 +108,17 @@ def cobali_command(setup: Setup, port: int) -> list[str]:
 
 
 def llama_server_command(setup: Setup, models_dir: Path, port: int) -> list[str]:
-    """llama-server evicts by count: --models-max is the count the budget fits. --no-repack: the AMX extra buffer
-    type segfaults on these CPUs; --no-kv-unified: one KV stream per slot, as cobali's default layout (the
-    flags of bench/serving/vs_llama_server.sh)."""
+    """llama-server evicts by count: --models-max is the count the budget fits. --repack or --no-repack as cobali
+    loads the models (one flag for all of them in router mode); --no-kv-unified: one KV stream per slot, as
+    cobali's default layout (the flags of bench/serving/vs_llama_server.sh)."""
     fits = fit_count(footprints(setup.files, setup.overhead_bytes), setup.budget_bytes)
+    repack = {name: repack_flag(path) for name, path in setup.files.items()}
+    if len(set(repack.values())) > 1:
+        raise ValueError(f"cobali repacks some of these models and not others ({repack}): llama-server's router "
+                         "takes one --repack for all of them")
     return [setup.llama_server, "--models-dir", str(models_dir), "--models-max", str(fits),
             "-np", str(setup.slots), "-c", str(setup.ctx), "--no-kv-unified", "-t", str(setup.threads),
-            "-tb", str(setup.threads), "-b", "512", "-ub", "512", "--no-repack", "--host", "127.0.0.1",
+            "-tb", str(setup.threads), "-b", "512", "-ub", "512", *set(repack.values()), "--host", "127.0.0.1",
             "--port", str(port)]
 
 

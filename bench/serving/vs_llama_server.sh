@@ -30,6 +30,10 @@ PORT_LLAMA=${PORT_LLAMA:-8091}
 PORT_COBALI=${PORT_COBALI:-8092}
 OUT=${OUT:-results/vs_llama_server}
 MODEL=$(.venv/bin/python -c 'from cobali.backends.embedded_model import embedded_model_path; print(embedded_model_path())')
+# Both servers repack the weights, or neither: cobali's choice for this model and CPU unless REPACK is set
+# (--repack or --no-repack, passed to both).
+REPACK=${REPACK:-$(.venv/bin/python -c 'import sys; from cobali.backends.llama_cpp.loading import repack_flag
+print(repack_flag(sys.argv[1]))' "$MODEL")}
 BIN=$(bench/tools/build_llama_tools.sh)
 mkdir -p "$OUT"
 
@@ -48,17 +52,16 @@ run_client() {  # name port
 }
 
 start_llama_server() {
-  # --no-repack: the AMX extra buffer type segfaults on these CPUs (cobali uses the same setting).
   # --no-kv-unified: one KV stream of CTX_PER_SLOT cells per slot, as cobali's default layout.
   "$BIN/llama-server" -m "$MODEL" -np "$SLOTS" -c "$CTX" --no-kv-unified -t "$THREADS" -tb "$THREADS" \
-    -b 512 -ub 512 --no-repack --host 127.0.0.1 --port "$PORT_LLAMA" >"$OUT/llama-server.log" 2>&1 &
+    -b 512 -ub 512 "$REPACK" --host 127.0.0.1 --port "$PORT_LLAMA" >"$OUT/llama-server.log" 2>&1 &
   llama_pid=$!
   wait_healthy "$PORT_LLAMA"
   grep -o "n_ctx_slot = [0-9]*" "$OUT/llama-server.log" | head -1 >&2 || true
 }
 
 start_cobali() {
-  .venv/bin/cobali serve --max-slots "$SLOTS" --ctx "$CTX" --threads "$THREADS" --port "$PORT_COBALI" "$@" \
+  .venv/bin/cobali serve --max-slots "$SLOTS" --ctx "$CTX" --threads "$THREADS" --port "$PORT_COBALI" "$REPACK" "$@" \
     >"$OUT/cobali.log" 2>&1 &
   cobali_pid=$!
   wait_healthy "$PORT_COBALI"

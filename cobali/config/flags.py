@@ -70,6 +70,10 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
                         help="size the KV context to the memory there is: --ctx, or without it the model's training "
                              "context for every slot, cut to what free memory (a GPU's, when layers are offloaded) "
                              "holds beside the weights, with a margin; the load line says what it made")
+    parser.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
+                        help="repack Q4_0/Q4_K weights for the CPU's tiled matmul, as llama-server does by default "
+                             "(about 2x prefill); default: on unless the CPU or llama.cpp build has AMX, whose "
+                             "matmul segfaulted on Sapphire Rapids (the load line says which)")
     parser.add_argument("--verbose", action="store_true", help="let llama.cpp's own log lines through to stderr")
 
 
@@ -169,7 +173,7 @@ def backend_config(args: argparse.Namespace, n_seq_max: int | None = None) -> Ll
                           n_batch=args.n_batch, n_threads=args.threads, kv_unified=args.kv_unified,
                           n_gpu_layers=args.n_gpu_layers, backend_sampling=args.backend_sampling,
                           cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, flash_attn=args.flash_attn,
-                          fit=args.fit, verbose=args.verbose,
+                          fit=args.fit, verbose=args.verbose, repack=args.repack,
                           # calibrate takes no engine flags, and guesses nothing; only serve loads adapters
                           max_outputs_per_seq=1 + getattr(args, "num_speculative_tokens", 0),
                           lora_paths=tuple(path for _, path in getattr(args, "lora_modules", ())))

@@ -62,6 +62,8 @@ SMOKE = [
     Run("engine/prefill_tile.py", "--depths 0 --sizes 8 --decode-rows 1 --threads 1 --repeat 1", "depth"),
     Run("engine/prefix_reuse.py", "--chats 2 --system-tokens 20 --max-new 2 --threads 1 --max-slots 2", "2 chats"),
     Run("engine/token_only_greedy.py", "--slots 2 --threads 1 --rounds 1 --ticks 1", "token-only"),
+    Run("engine/repack_ab.py", "--rounds 1 --repeats 1 --prefill-tokens 64 --slots 2 --kv 8 --threads 1",
+        "prefill_tok_s"),
     Run("models/kv_cache_types.py", "--types f16,q8_0 --prompt-tokens 8 --gen-tokens 2 --repeat 1 --max-slots 2 "
         "--threads 1 --fidelity-prompts {prompts} --fidelity-max-new 2", "| q8_0 |"),
     Run("models/speculative.py", "--prompts {prompts} --num-prompts 2 --k 0,2 --rounds 1 --threads 1 --position 8 "

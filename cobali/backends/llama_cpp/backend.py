@@ -20,7 +20,17 @@ from cobali.backends.llama_cpp.device_greedy import DeviceGreedy
 from cobali.backends.llama_cpp.devices import build_kind
 from cobali.backends.llama_cpp.embedder import EMBEDDING_CTX, EMBEDDING_SEQS, Embedder
 from cobali.backends.llama_cpp.kv_size import kv_bytes_per_token
-from cobali.backends.llama_cpp.loading import KvPlan, load_line, load_model, model_desc, new_context, plan_kv
+from cobali.backends.llama_cpp.loading import (
+    KvPlan,
+    load_line,
+    load_model,
+    model_desc,
+    new_context,
+    plan_kv,
+    repack_choice,
+    repacked_mib,
+)
+from cobali.backends.llama_cpp.repack import RepackChoice
 from cobali.backends.llama_cpp.sampler import LlamaCppSampler
 from cobali.backends.llama_cpp.tools import llama_logs
 from cobali.backends.llama_cpp.vocab import LlamaCppVocabulary
@@ -47,7 +57,9 @@ class LlamaCppBackend(LlamaCppVocabulary, Backend):
             super().close()
             raise
         self.memory = ll.llama_get_memory(self.ctx)
-        self._log_load(plan, logs.since(mark))
+        lines = logs.since(mark)
+        self._log_load(plan, lines, repack_choice(options.repack, model_path))
+        self.weights_repacked = repacked_mib(lines) > 0
         self.info = BackendInfo(
             n_vocab=self.n_vocab,
             n_ctx=ll.llama_n_ctx(self.ctx),
@@ -73,8 +85,8 @@ class LlamaCppBackend(LlamaCppVocabulary, Backend):
         self._last_logits = np.zeros((0, self.n_vocab), dtype=np.float32)  # the last decode's output rows
         self._embedder: Embedder | None = None
 
-    def _log_load(self, plan: KvPlan, lines: list[tuple[int, str]]) -> None:
-        log.info("%s", load_line(self.model, self.ctx, self.options, plan, lines, build_kind()))
+    def _log_load(self, plan: KvPlan, lines: list[tuple[int, str]], repack: RepackChoice) -> None:
+        log.info("%s", load_line(self.model, self.ctx, self.options, plan, lines, build_kind(), repack))
         if not ll.llama_supports_gpu_offload() and (gpu := gpu_present()):
             log.warning("this machine has a GPU (%s) but this llama.cpp build is CPU-only: everything runs on the "
                         "CPU. Rebuild llama-cpp-python for it, e.g. CMAKE_ARGS=\"-DGGML_CUDA=on\" make install", gpu)
@@ -84,7 +96,9 @@ class LlamaCppBackend(LlamaCppVocabulary, Backend):
         if (options.cache_type_k, options.cache_type_v) != ("f16", "f16"):  # a cost profile's device changes with it
             kv += f" {options.cache_type_k}/{options.cache_type_v}"
         greedy = ", greedy tokens picked in the graph" if options.backend_sampling else ""
-        return f"{model_desc(self.model)}, {self.info_threads()} threads, KV {kv}{greedy}"
+        # repacked weights about double prefill's speed: a cost profile's device changes with them
+        repacked = ", weights repacked" if self.weights_repacked else ""
+        return f"{model_desc(self.model)}{repacked}, {self.info_threads()} threads, KV {kv}{greedy}"
 
     def info_threads(self) -> int:
         return ll.llama_n_threads(self.ctx)

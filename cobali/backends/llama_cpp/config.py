@@ -33,9 +33,9 @@ class LlamaCppConfig:
     n_threads: int = 0  # 0 = all cores
     kv_unified: bool = False
     n_gpu_layers: int = -1  # -1 = all layers when the build can offload, else 0
-    # Extra CPU buffer types (AMX, weight repacking) are off: the AMX matmul segfaults on this machine's
-    # CPUs (seen with llama-cpp-python 0.3.36), and with them off prefill keeps the speed of the bundled profile.
-    use_extra_bufts: bool = False
+    # Weights repacked for the CPU's tiled matmul (llama.cpp's extra buffer types, llama-server's --repack):
+    # True/False as asked; None: on where no AMX is present (repack.py: its matmul segfaulted on Sapphire Rapids).
+    repack: bool | None = None
     # Greedy rows that need only their token get it from an argmax node in llama.cpp's graph (its experimental
     # backend sampling): no logits copied out for them, no host pass over them. Off by default: experimental
     # upstream, and llama.cpp's output buffer then holds 3 more n_vocab-wide rows beside each logits row, sized

@@ -4,7 +4,9 @@ the line that says what was loaded."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import platform
 import re
 from dataclasses import dataclass
 
@@ -13,11 +15,14 @@ import llama_cpp as ll
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.backends.llama_cpp.devices import accelerators, devices
 from cobali.backends.llama_cpp.kv_size import kv_cell_bytes
-from cobali.backends.llama_cpp.tools import GGML_LOG_LEVEL_ERROR, llama_logs
+from cobali.backends.llama_cpp.repack import RepackChoice, choose_repack, for_model, read_cpuinfo, slow_for
+from cobali.backends.llama_cpp.tools import GGML_LOG_LEVEL_ERROR, llama_logs, silence_logs
 from cobali.backends.memory import fit_cells, fmt_bytes, host_available
 
 FLASH_ATTN_TYPES = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                     "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+FILE_TYPES = {getattr(ll, name): name.removeprefix("LLAMA_FTYPE_MOSTLY_") for name in dir(ll)
+              if name.startswith("LLAMA_FTYPE_MOSTLY_")}
 KV_FIXES = "lower --ctx or --max-slots, quantize the cache (--cache-type-k/-v q8_0), or let --fit size it"
 
 
@@ -60,13 +65,51 @@ def load_model(path: str, options: LlamaCppConfig, vocab_only: bool = False):
     params.vocab_only = vocab_only
     gpu = options.n_gpu_layers
     params.n_gpu_layers = (999 if ll.llama_supports_gpu_offload() else 0) if gpu < 0 else gpu
-    params.use_extra_bufts = options.use_extra_bufts
+    params.use_extra_bufts = not vocab_only and repack_choice(options.repack, path).on
     logs = llama_logs(options.verbose)
     mark = logs.count
     model = ll.llama_model_load_from_file(path.encode(), params)
     if not model:
         raise ValueError(load_failure(path, logs.since(mark)))
     return model
+
+
+@functools.lru_cache(maxsize=64)
+def repack_choice(asked: bool | None, path: str) -> RepackChoice:
+    """--repack/--no-repack, or the choice for this CPU, llama.cpp build and model file (none of them changes)."""
+    system_info = ll.llama_print_system_info().decode(errors="replace")
+    choice = choose_repack(asked, read_cpuinfo(), system_info, platform.machine())
+    if asked is None and choice.on and (slow := slow_for(system_info)):  # the file is read only where it counts
+        choice = for_model(choice, file_type(path), slow)
+    return choice
+
+
+def repack_flag(path: str, asked: bool | None = None) -> str:
+    """llama.cpp's tools' flag for the choice cobali makes on this model: benchmarks pass it to llama-server."""
+    return "--repack" if repack_choice(asked, path).on else "--no-repack"
+
+
+def file_type(path: str) -> str | None:
+    """The file's llama_ftype name (general.file_type: Q4_0, Q4_K_M, ...), from a vocabulary-only load (a
+    fraction of a second); None where the file does not say."""
+    silence_logs()  # the load that follows sets its own verbosity
+    params = ll.llama_model_default_params()
+    params.vocab_only = True
+    model = ll.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        return None  # the full load that follows says why
+    try:
+        buf = ctypes.create_string_buffer(32)
+        found = ll.llama_model_meta_val_str(model, b"general.file_type", buf, len(buf)) >= 0
+    finally:
+        ll.llama_model_free(model)
+    return FILE_TYPES.get(int(buf.value)) if found and buf.value.isdigit() else None
+
+
+def repacked_mib(lines: list[tuple[int, str]]) -> float:
+    """MiB of weights llama.cpp moved to a repacking buffer (ggml's CPU_REPACK, or AMX's) while loading."""
+    return sum(float(found[1]) for _, text in lines
+               if (found := re.search(r"\b(?:CPU_REPACK|AMX) model buffer size\s*=\s*([\d.]+) MiB", text)))
 
 
 def load_failure(path: str, lines: list[tuple[int, str]]) -> str:
@@ -191,7 +234,8 @@ def model_desc(model) -> str:
     return buf.value.decode(errors="replace")
 
 
-def load_line(model, ctx, options: LlamaCppConfig, plan: KvPlan, lines: list[tuple[int, str]], build: str) -> str:
+def load_line(model, ctx, options: LlamaCppConfig, plan: KvPlan, lines: list[tuple[int, str]], build: str,
+              repack: RepackChoice) -> str:
     """What was loaded, where, and what it takes: the one line every face logs at load."""
     done, total = offloaded_layers(model, options, lines)
     n_ctx, per_slot, slots = ll.llama_n_ctx(ctx), ll.llama_n_ctx_seq(ctx), ll.llama_n_seq_max(ctx)
@@ -201,9 +245,19 @@ def load_line(model, ctx, options: LlamaCppConfig, plan: KvPlan, lines: list[tup
             f"{plan.cell_bytes} B, K {options.cache_type_k} / V {options.cache_type_v}, {layout}), "
             f"{per_slot} tokens of context per slot x {slots} slots, flash attention "
             f"{flash_attention(lines, options.flash_attn)}")
+    line += ", " + repack_phrase(repack, lines)
     if per_slot > (n_ctx_train := ll.llama_model_n_ctx_train(model)):
         line += f" (past the model's training context of {n_ctx_train}: expect worse text there)"
     if plan.free is not None:
         fit = "--fit made" if options.fit else "--fit would make"
         line += f"; {fmt_bytes(plan.free)} free in {plan.place} ({fit} {plan.fits} cells)"
     return line
+
+
+def repack_phrase(choice: RepackChoice, lines: list[tuple[int, str]]) -> str:
+    """Whether the weights were repacked, and why (or why not), from llama.cpp's load lines."""
+    if mib := repacked_mib(lines):
+        return f"weights repacked for the CPU ({mib:.0f} MiB of them: {choice.why})"
+    if choice.on:  # Q4_1, Q5_0, Q8_0 and the rest keep their layout (repack.py)
+        return f"weights not repacked (none of this model's types repacks on this CPU; {choice.why})"
+    return f"weights not repacked ({choice.why})"
