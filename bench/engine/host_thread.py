@@ -53,9 +53,9 @@ def measure(args: argparse.Namespace) -> None:
             engine.add_request(PROMPT, params, stream_interval=args.stream_interval)
 
     def on_outputs(outputs: list[RequestOutput]) -> None:  # on the host thread, as the server's client takes them
-        for output in outputs:
-            if output.finished:
-                metrics.request_finished(output)
+        finished = [output for output in outputs if output.finished]
+        if finished:
+            metrics.requests_finished(finished)
         refill()  # as the server's requests would come in
 
     engine.on_outputs = on_outputs

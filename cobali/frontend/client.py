@@ -73,8 +73,8 @@ class Observer(Protocol):
 
     def tick_done(self, tick: TickSummary) -> None: ...
 
-    def request_finished(self, output: RequestOutput) -> None:
-        """A request's final output (with its stats)."""
+    def requests_finished(self, outputs: list[RequestOutput]) -> None:
+        """Requests' final outputs (with their stats), those of one message from the engine."""
 
     def engine_restarted(self) -> None: ...
 
@@ -266,8 +266,8 @@ class EngineClient(EngineCalls):
         if self.observer is not None:
             for tick in message.ticks:
                 self.observer.tick_done(tick)
-            for output in finished:
-                self.observer.request_finished(output)
+            if finished:
+                self.observer.requests_finished(finished)
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)

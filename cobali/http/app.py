@@ -148,9 +148,10 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     async def _over_limit(_http: Request, err: OverLimit) -> JSONResponse:
         return APIError(400, str(err), param=err.param, code="over_limit").response()
 
-    app.include_router(ops)
-    app.include_router(docs)
+    # The generating routes first: the router tries each route in turn, and these take nearly every request.
     for routes in (completions, chat, embeddings, responses, messages, tokenize, *[lora] * config.runtime_lora):
         app.include_router(routes.router)
+    app.include_router(ops)
+    app.include_router(docs)
     document_bodies(app)  # the routes parse their own bodies (parse.py): their schemas are added here
     return app

@@ -16,8 +16,9 @@ from cobali.http.generation import generate, prepared_body
 from cobali.http.parse import json_body
 from cobali.http.protocol.chat import ChatCompletionRequest
 from cobali.http.render.replies import CHAT
+from cobali.http.request_route import RequestRoute
 
-router = APIRouter()
+router = APIRouter(route_class=RequestRoute)
 
 
 def chat_prompt(inputs: InputProcessor, body: ChatCompletionRequest, limits: RequestLimits) -> str:

@@ -15,8 +15,9 @@ from cobali.http.generation import generate, prepared_body
 from cobali.http.parse import json_body
 from cobali.http.protocol.completions import CompletionRequest
 from cobali.http.render.replies import COMPLETION
+from cobali.http.request_route import RequestRoute
 
-router = APIRouter()
+router = APIRouter(route_class=RequestRoute)
 
 
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))

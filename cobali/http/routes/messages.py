@@ -25,11 +25,12 @@ from cobali.http.protocol.chat import ChatCompletionRequest
 from cobali.http.protocol.messages import CountTokensRequest, MessagesRequest
 from cobali.http.protocol.unknown_fields import ignored_fields_headers
 from cobali.http.render import anthropic
+from cobali.http.request_route import RequestRoute
 from cobali.http.routes.as_chat import parsed_as_chat, submitted_as_chat
 from cobali.http.routes.chat import chat_prompt
 from cobali.http.state import ServerContext
 
-router = APIRouter()
+router = APIRouter(route_class=RequestRoute)
 
 
 @dataclass(frozen=True)

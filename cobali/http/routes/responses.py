@@ -26,9 +26,10 @@ from cobali.http.disconnect import cancelled_on_disconnect
 from cobali.http.generation import read_off_loop, replied
 from cobali.http.parse import json_body
 from cobali.http.protocol.responses import FunctionChoice, ResponsesRequest
+from cobali.http.request_route import RequestRoute
 from cobali.http.routes.as_chat import submitted_as_chat
 
-router = APIRouter()
+router = APIRouter(route_class=RequestRoute)
 REASONING, MESSAGE = "reasoning", "message"  # the kinds of text item
 _ID_PREFIX = {REASONING: "rs", MESSAGE: "msg"}
 _TEXT = {REASONING: "reasoning_text", MESSAGE: "output_text"}  # their parts' type, and their events' names
