@@ -3,6 +3,7 @@
     .venv/bin/python bench/serving/prefix_routing.py --url http://127.0.0.1:8000     # a server already up
     .venv/bin/python bench/serving/prefix_routing.py --launch --routers least-busy text kv   # one after another
     .venv/bin/python bench/serving/prefix_routing.py --sim --profile PROFILE    # the same requests, simulated
+    .venv/bin/python bench/serving/prefix_routing.py --sim --compare real.json  # ... and set beside a real run
 
 The workload (prefix_workload.py): --customers system prompts of about --context-tokens tokens each, --users per
 customer each holding --turns turns of short questions, Poisson arrivals at --rate, --max-tokens per reply
@@ -14,7 +15,8 @@ sending to the first streamed token), requests/s and output tokens/s (from the f
 end) and requests lost (an error, or a reply short of --max-tokens). The JSON (--out) also holds each request's
 TTFT in the list's order, and the replicas' ticks, their seconds and the tokens they carried (the servers'
 tick_duration_seconds and iteration_tokens), to set a real run beside the simulator's request by request and tick
-by tick.
+by tick, and the replicas' own mean TTFT (from a request's arrival at the engine), against the client's mean: the
+front door's share.
 
 --sim runs the same request list (the chats rendered and tokenized by --model's own template and tokenizer, at
 the same arrival times) through the simulator at --replicas with --profile's costs, under the same --serve-flags,
@@ -46,7 +48,8 @@ ROUTERS = ("least-busy", "text", "kv")
 HITS, QUERIES = "cobali:prefix_cache_hits_total", "cobali:prefix_cache_queries_total"
 # Read at the start and the end of a run: the run's share is the difference.
 COUNTERS = (HITS, QUERIES, "cobali:tick_duration_seconds_count", "cobali:tick_duration_seconds_sum",
-            "cobali:iteration_tokens_sum")
+            "cobali:iteration_tokens_sum", "cobali:time_to_first_token_seconds_sum",
+            "cobali:time_to_first_token_seconds_count")
 HEADER = f"{'router':>10} {'requests':>8} {'lost':>5} {'hit':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'req/s':>7} " \
          f"{'out tok/s':>9}   (TTFT in ms)"
 
@@ -103,8 +106,12 @@ async def run_chats(url: str, requests: Sequence[ChatRequest], offsets: Sequence
     ran = {name: after[name] - before[name] for name in COUNTERS}
     summary = summarize(records, wall0, ran[HITS] / ran[QUERIES] if ran[QUERIES] > 0 else 0.0,
                         requests[0].max_tokens if requests else 0)
+    engine_ttfts = ran["cobali:time_to_first_token_seconds_count"]
     summary.update(ticks=int(ran["cobali:tick_duration_seconds_count"]), tick_s=ran["cobali:tick_duration_seconds_sum"],
-                   batch_tokens=int(ran["cobali:iteration_tokens_sum"]))
+                   batch_tokens=int(ran["cobali:iteration_tokens_sum"]),
+                   # From the engine's arrival: set beside the client's mean, the front door's share.
+                   engine_ttft_mean_ms=ran["cobali:time_to_first_token_seconds_sum"] / engine_ttfts * 1e3
+                   if engine_ttfts else None)
     return summary
 
 
@@ -116,6 +123,7 @@ def summarize(records: Sequence[ClientRecord], wall0: float, hit_rate: float, ma
     wall = max(end - wall0, 1e-9)
     errors = sorted({r.error for r in records if r.error is not None})
     return {"requests": len(records), "lost": len(records) - len(done), "prefix_hit_rate": hit_rate,
+            "ttft_mean_ms": float(np.mean(ttft)) if ttft else None,
             "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
             "ttft_p90_ms": float(np.percentile(ttft, 90)) if ttft else None,
             "requests_per_s": len(done) / wall, "output_tok_s": sum(r.output_tokens for r in done) / wall,
@@ -155,6 +163,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=positive_float, default=shape.rate, help="requests/s, Poisson")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the summaries here as JSON")
+    parser.add_argument("--compare", type=Path, default=None,
+                        help="--sim: a real run's --out, to print simulated / real for each router run both ways")
     return parser.parse_args(argv)
 
 

@@ -14,6 +14,7 @@ simulate --router` runs them with their default settings.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -44,7 +45,7 @@ def summary(result_finished: Sequence, result: dict) -> dict:
     by_index = [f.timing.ttft_ms if f is not None else None for f in result_finished]
     ttft = [t for t in by_index if t is not None]
     return {"requests": result["requests"] + result["unfinished"], "lost": result["unfinished"] + result["failed"],
-            "prefix_hit_rate": result["prefix_hit_rate"],
+            "prefix_hit_rate": result["prefix_hit_rate"], "ttft_mean_ms": float(np.mean(ttft)) if ttft else None,
             "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
             "ttft_p90_ms": float(np.percentile(ttft, 90)) if ttft else None,
             "requests_per_s": result["requests_per_s"], "output_tok_s": result["output_tok_s"],
@@ -72,4 +73,20 @@ def simulate_chats(args: argparse.Namespace, text: TextSide, requests: Sequence[
         result = simulate(items, list(offsets), specs[router])
         summaries[router] = summary(result.finished, result.summary())
         print(row(router, summaries[router]), flush=True)
+    if args.compare is not None:
+        print_comparison(json.loads(args.compare.read_text())["runs"], summaries)
     return summaries
+
+
+COMPARED = ("prefix_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_mean_ms", "requests_per_s", "tick_s")
+
+
+def print_comparison(real: dict[str, dict], simulated: dict[str, dict]) -> None:
+    """Simulated over real, for each router run both ways: the issue's bar is 15 %."""
+    print(f"simulated / real: {'router':>10} " + " ".join(f"{name:>14}" for name in COMPARED))
+    for router in (r for r in simulated if r in real):
+        ratios = []
+        for name in COMPARED:
+            a, b = simulated[router].get(name), real[router].get(name)
+            ratios.append(f"{a / b:>14.2f}" if a is not None and b else f"{'-':>14}")
+        print(f"{'':>18}{router:>10} " + " ".join(ratios))

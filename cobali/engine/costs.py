@@ -3,9 +3,10 @@
     tick_s = t0 + per prefill token * P + per decode row * D + per decode KV token * KV
              + per prefill KV token * PKV + per short chunk's KV token * SKV
 
-P prefill tokens, D decode rows, KV the decode rows' context tokens summed, PKV the context each prefill chunk
-attends to beyond itself (its tokens times its start position, summed: a chunk deep into a long prompt costs
-more than one at its start), SKV the part of PKV in chunks shorter than the backend's prefill tile. Such a chunk
+P prefill tokens, D decode rows, KV the decode rows' context tokens summed, PKV the context each prefill token
+attends to beyond itself, summed (chunk_kv_tokens: a chunk of n from position p, n * p and the n * (n - 1) / 2 of
+its own earlier tokens; a chunk deep into a long prompt costs more than one at its start, and a chunk of 512 more a
+token than one of 64), SKV the part of PKV in chunks shorter than the backend's prefill tile. Such a chunk
 attends row by row, not in tiles (llama.cpp's CPU flash attention: 9.3 ms a token for 32 tokens at depth 1,536
 against 5.9 for 128, on this project's VM), and a warm turn's few new tokens deep into a long context are such
 a chunk. The model is linear: a tick mixing prefill and decode costs the sum of its parts.
@@ -48,6 +49,12 @@ DEFAULT_CHARS_PER_TOKEN = 4.0  # BPE on English text, for profiles that did not 
 _SCALE = np.array([1.0, 256.0, 16.0, 8192.0, 256.0 * 1024.0])
 
 
+def chunk_kv_tokens(n_tokens: int, start: int) -> int:
+    """The context a prefill chunk of n_tokens from position `start` attends to, token by token, beyond each token
+    itself: the prompt before the chunk, and the chunk's own earlier tokens (causal attention)."""
+    return n_tokens * start + n_tokens * (n_tokens - 1) // 2
+
+
 @dataclass(frozen=True)
 class TickTerms:
     """What one tick's batch carried, in the cost model's terms."""
@@ -62,7 +69,7 @@ class TickTerms:
     @classmethod
     def of_plan(cls, plan: Plan, prefill_tile: int = 1) -> TickTerms:
         """A decode row at position p reads p KV tokens; a prefill chunk of n tokens starting at p reads
-        n * p beyond itself, counted again in short_prefill_kv_tokens when n < prefill_tile (the backend's,
+        chunk_kv_tokens(n, p), counted again in short_prefill_kv_tokens when n < prefill_tile (the backend's,
         BackendInfo.prefill_tile)."""
         prefill = decode_rows = decode_kv = prefill_kv = short_kv = 0
         prompt_ends: list[int] = []
@@ -72,13 +79,14 @@ class TickTerms:
                 decode_kv += chunk.start
                 if chunk.n_tokens > 1:  # guessed tokens behind the row cost what a prompt chunk's tokens do
                     prefill += chunk.n_tokens - 1
-                    deep = (chunk.n_tokens - 1) * (chunk.start + 1)
+                    deep = chunk_kv_tokens(chunk.n_tokens - 1, chunk.start + 1)
                     prefill_kv += deep
                     short_kv += deep if chunk.n_tokens - 1 < prefill_tile else 0
             else:
                 prefill += chunk.n_tokens
-                prefill_kv += chunk.n_tokens * chunk.start
-                short_kv += chunk.n_tokens * chunk.start if chunk.n_tokens < prefill_tile else 0
+                deep = chunk_kv_tokens(chunk.n_tokens, chunk.start)
+                prefill_kv += deep
+                short_kv += deep if chunk.n_tokens < prefill_tile else 0
                 if chunk.yields_token:
                     prompt_ends.append(chunk.start + chunk.n_tokens)
         return cls(prefill, decode_rows, decode_kv, prefill_kv, short_kv, tuple(prompt_ends))

@@ -18,7 +18,7 @@ import numpy as np
 
 from cobali.backends.base import Backend
 from cobali.config.flags import add_backend_args, backend_config, positive_int
-from cobali.engine.costs import CostProfile, Measurement, TickTerms, user_profiles_dir
+from cobali.engine.costs import CostProfile, Measurement, TickTerms, chunk_kv_tokens, user_profiles_dir
 from cobali.engine.setup import build_backend
 from cobali.harness.workloads import load_items
 
@@ -66,7 +66,7 @@ def measure(backend: Backend, max_slots: int, n_batch: int, repeats: int = 3) ->
     for size in (s for s in PREFILL_SIZES if s <= n_batch):
         backend.remove_seq(fresh)
         seconds = _time_batch(backend, [(fresh, p) for p in range(size)], repeats)
-        points.append(Measurement(TickTerms(size, 0, 0), seconds))
+        points.append(Measurement(TickTerms(size, 0, 0, chunk_kv_tokens(size, 0)), seconds))
     points += measure_deep_prefill(backend, fresh, n_batch, repeats)
     decode_seqs = [n for n in DECODE_SEQS if n < max_slots] or [1]
     for kv_len in DECODE_KV:
@@ -78,7 +78,8 @@ def measure(backend: Backend, max_slots: int, n_batch: int, repeats: int = 3) ->
             n = max(decode_seqs)
             backend.remove_seq(fresh)
             rows = [(s, kv_len) for s in range(n)] + [(fresh, p) for p in range(size)]
-            points.append(Measurement(TickTerms(size, n, n * kv_len), _time_batch(backend, rows, repeats)))
+            terms = TickTerms(size, n, n * kv_len, chunk_kv_tokens(size, 0))
+            points.append(Measurement(terms, _time_batch(backend, rows, repeats)))
     return points
 
 
@@ -97,7 +98,7 @@ def measure_deep_prefill(backend: Backend, seq: int, n_batch: int, repeats: int)
             done += n
         for size in (s for s in DEEP_SIZES if s <= n_batch):
             seconds = _time_batch(backend, [(seq, p) for p in range(start, start + size)], repeats)
-            deep = size * start
+            deep = chunk_kv_tokens(size, start)
             points.append(Measurement(TickTerms(size, 0, 0, deep, deep if size < tile else 0), seconds))
     backend.remove_seq(seq)
     return points
@@ -116,7 +117,8 @@ def format_profile(profile: CostProfile) -> str:
     lines = [f"{'prefill':>8}{'at':>6}{'decode':>8}{'kv':>8}{'measured ms':>13}{'model ms':>10}{'tok/s':>9}"]
     for m in profile.measurements:
         rate = (m.terms.prefill_tokens + m.terms.decode_rows) / m.seconds
-        depth = m.terms.prefill_kv_tokens // m.terms.prefill_tokens if m.terms.prefill_tokens else 0
+        n = m.terms.prefill_tokens
+        depth = (m.terms.prefill_kv_tokens - chunk_kv_tokens(n, 0)) // n if n else 0
         lines.append(f"{m.terms.prefill_tokens:>8}{depth:>6}{m.terms.decode_rows:>8}{m.terms.decode_kv_tokens:>8}"
                      f"{m.seconds * 1e3:>13.1f}{profile.predict(m.terms) * 1e3:>10.1f}{rate:>9.1f}")
     lines.append(f"fit: tick = {profile.t0_s * 1e3:.2f} ms + {profile.prefill_s_per_token * 1e3:.3f} ms/prefill token"

@@ -8,15 +8,15 @@ matched_fraction: of the prompt's tokens, those in the leading blocks a replica 
 tokens to compute, known fresh (a second-old figure herds requests onto whichever replica reported least): the
 router's callers count, for each request routed and not finished, what it was expected to compute where it went
 (uncached_tokens: its prompt less the leading blocks that replica held). Counting whole prompts instead makes a
-replica busy with warm turns, a few tokens each, look as loaded as one computing a cold context. Normalised by the most, so that a little more
-among light loads weighs little against a prefix. When the queues of requests are imbalanced as SGLang's router
-judges it (the longest exceeds the shortest by more than balance_abs and is more than balance_rel times it) the
-prefix is ignored and two replicas drawn at random, the less loaded taking the request: no prompt can pin all
-traffic to one replica. A session's last replica wins a tie. With w_prefix above w_queue, a replica holding all of a
-prompt outscores the others however much work it has, until its KV fills: for one hot context, the balance
-thresholds are what spread it. SGLang's 64 suits batches of hundreds; for replicas of 32 slots, 16
-(bench/sim/routing.py: one customer, 128 users, 8 replicas: TTFT p50 369 ms at 64, 24 ms at 16, 31 ms routed by load
-alone).
+replica busy with warm turns, a few tokens each, look as loaded as one computing a cold context. Normalised by the
+most, so that a little more among light loads weighs little against a prefix. When the queues of requests are
+imbalanced as SGLang's router judges it (the longest exceeds the shortest by more than balance_abs and is more than
+balance_rel times it) the prefix is ignored and two replicas drawn at random, the less loaded taking the request: no
+prompt can pin all traffic to one replica. A session's last replica wins a tie. With w_prefix above w_queue, a
+replica holding all of a prompt outscores the others however much work it has, until its KV fills: for one hot
+context, the balance thresholds are what spread it. SGLang's 64 suits batches of hundreds; for replicas of 32 slots,
+16 (bench/sim/routing.py: one customer, 128 users, 8 replicas: TTFT p50 369 ms at 64, 24 ms at 16, 31 ms routed by
+load alone).
 
 A report is a period old at worst, so the router also remembers the blocks it sent to each replica since its
 report before the last: a conversation's turns that come faster than reports still meet their prefix.

@@ -15,7 +15,7 @@ import numpy as np
 
 from cobali.backends.base import DecodeError
 from cobali.backends.fake import Batch, FakeBackend
-from cobali.engine.costs import CostModel, TickTerms
+from cobali.engine.costs import CostModel, TickTerms, chunk_kv_tokens
 
 
 class VirtualClock:
@@ -91,9 +91,10 @@ class SimBackend(FakeBackend):
                 decode_rows += 1
                 kv_tokens += first + 1
             else:
-                prefill_kv_tokens += (end - start) * first
+                deep = chunk_kv_tokens(end - start, first)
+                prefill_kv_tokens += deep
                 if end - start < self.prefill_tile:  # attended row by row: costs more per position of depth
-                    short_kv_tokens += (end - start) * first
+                    short_kv_tokens += deep
         if self.kv_unified:
             fits = sum(map(len, self.kv.values())) + n <= self.info.n_ctx
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cobali.engine.budget import AdaptiveBudget
-from cobali.engine.costs import CostProfile, Measurement, OnlineCostFit, TickTerms
+from cobali.engine.costs import CostProfile, Measurement, OnlineCostFit, TickTerms, chunk_kv_tokens
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.engine.plan import Chunk, ChunkKind, Plan
@@ -102,10 +102,12 @@ def test_a_short_chunk_deep_in_a_prompt_costs_its_own_rate() -> None:
     profile = CostProfile(0.0, 0.004, 0.005, 1e-6, prefill_s_per_kv_token=1e-6, short_chunk_s_per_kv_token=2e-6)
     short = Plan(0, (Chunk(1, 0, ChunkKind.PREFILL, 1500, 21, 1521, True),))
     long = Plan(0, (Chunk(1, 0, ChunkKind.PREFILL, 1500, 128, 1628, False),))
-    assert TickTerms.of_plan(short, prefill_tile=65).short_prefill_kv_tokens == 21 * 1500
+    deep = 21 * 1500 + 21 * 20 // 2  # the prompt before it, and its own earlier tokens
+    assert TickTerms.of_plan(short, prefill_tile=65).short_prefill_kv_tokens == deep == chunk_kv_tokens(21, 1500)
     assert TickTerms.of_plan(long, prefill_tile=65).short_prefill_kv_tokens == 0
+    assert TickTerms.of_plan(long).prefill_kv_tokens == 128 * 1500 + 128 * 127 // 2
     assert TickTerms.of_plan(short).short_prefill_kv_tokens == 0, "a backend with no tile has no short chunks"
-    assert profile.predict(TickTerms.of_plan(short, 65)) == pytest.approx(21 * 0.004 + 21 * 1500 * 3e-6)
+    assert profile.predict(TickTerms.of_plan(short, 65)) == pytest.approx(21 * 0.004 + deep * 3e-6)
     # Fitted with no short chunk measured (an older profile's points), the term is 0, not noise.
     points = [Measurement(TickTerms(p, 0, 0, p * d), 0.004 * p + 1e-6 * p * d) for p in (64, 256) for d in (0, 900)]
     assert CostProfile.fit(points, device="d", source="s").short_chunk_s_per_kv_token == 0.0

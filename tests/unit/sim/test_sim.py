@@ -60,8 +60,9 @@ def test_a_short_chunk_deep_in_a_sequence_costs_the_short_rate() -> None:
     for tile, per_depth in ((1, 1e-3), (8, 3e-3)):
         backend = SimBackend(costs, n_seq_max=1, prefill_tile=tile)
         backend.decode(rows(*range(1, 9)), rows(*range(8)), rows(*[0] * 8), rows(*[0] * 7, 1))  # 8 at depth 0
+        assert backend.clock() == pytest.approx(8 * 7 / 2 * 1e-3), "within a chunk, its own earlier tokens"
         backend.decode(rows(1, 2, 3), rows(8, 9, 10), rows(0, 0, 0), rows(0, 0, 1))  # 3 at depth 8
-        assert backend.clock() == pytest.approx(3 * 8 * per_depth)
+        assert backend.clock() == pytest.approx(28e-3 + (3 * 8 + 3) * per_depth)
 
 
 def test_engine_timestamps_are_virtual() -> None:
