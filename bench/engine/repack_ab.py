@@ -9,29 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 
 from cobali.backends.llama_cpp import LlamaCppBackend
 from cobali.backends.llama_cpp.config import LlamaCppConfig
 from cobali.config.flags import positive_int
-
-
-def timed(backend: LlamaCppBackend, seqs: np.ndarray, pos: np.ndarray, repeats: int) -> float:
-    """Median seconds of one decode of these rows; their KV is dropped after each."""
-    tokens = (1000 + pos % 5000).astype(np.int32)
-    want = np.zeros(len(pos), np.int8)
-    want[-1] = 1
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        backend.decode(tokens, pos, seqs, want)
-        times.append(time.perf_counter() - start)
-        for seq in set(seqs.tolist()):
-            backend.remove_seq(seq, int(pos[seqs == seq].min()), -1)
-    return statistics.median(times)
+from cobali.faces.calibrate import time_batch
 
 
 def measure(path: str | None, repack: bool, args: argparse.Namespace) -> dict:
@@ -40,14 +24,13 @@ def measure(path: str | None, repack: bool, args: argparse.Namespace) -> dict:
                                              n_batch=max(512, args.prefill_tokens), n_threads=args.threads,
                                              repack=repack))
     try:
-        fresh = np.full(args.prefill_tokens, slots - 1, np.int32)
-        timed(backend, fresh[:64], np.arange(64, dtype=np.int32), 1)  # warm-up
-        prefill = timed(backend, fresh, np.arange(args.prefill_tokens, dtype=np.int32), args.repeats)
+        time_batch(backend, [(slots - 1, p) for p in range(64)], 1)  # warm-up
+        prefill = time_batch(backend, [(slots - 1, p) for p in range(args.prefill_tokens)], args.repeats)
         pos = np.arange(kv, dtype=np.int32)
         backend.decode((1000 + pos).astype(np.int32), pos, np.zeros(kv, np.int32), np.zeros(kv, np.int8))
         for seq in range(1, slots):
             backend.copy_seq(0, seq, 0, -1)
-        decode = timed(backend, np.arange(slots, dtype=np.int32), np.full(slots, kv, np.int32), 3 * args.repeats)
+        decode = time_batch(backend, [(seq, kv) for seq in range(slots)], 3 * args.repeats)
         return {"repacked": backend.weights_repacked, "prefill_tok_s": round(args.prefill_tokens / prefill, 1),
                 "decode_tok_s": round(slots / decode, 1)}
     finally:

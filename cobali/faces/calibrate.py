@@ -31,7 +31,7 @@ DEEP_STARTS = (512, 1024, 1536)
 SOURCE_SEQ = 0
 
 
-def _time_batch(backend: Backend, rows: Sequence[tuple[int, int]], repeats: int) -> float:
+def time_batch(backend: Backend, rows: Sequence[tuple[int, int]], repeats: int) -> float:
     """Median seconds of one decode of `rows` (seq_id, position) pairs; their KV is dropped after each."""
     seqs = np.array([s for s, _ in rows], dtype=np.int32)
     pos = np.array([p for _, p in rows], dtype=np.int32)
@@ -65,21 +65,21 @@ def measure(backend: Backend, max_slots: int, n_batch: int, repeats: int = 3) ->
     fresh = max_slots - 1  # a sequence kept empty for prefill chunks
     for size in (s for s in PREFILL_SIZES if s <= n_batch):
         backend.remove_seq(fresh)
-        seconds = _time_batch(backend, [(fresh, p) for p in range(size)], repeats)
+        seconds = time_batch(backend, [(fresh, p) for p in range(size)], repeats)
         points.append(Measurement(TickTerms(size, 0, 0, chunk_kv_tokens(size, 0)), seconds))
     points += measure_deep_prefill(backend, fresh, n_batch, repeats)
     decode_seqs = [n for n in DECODE_SEQS if n < max_slots] or [1]
     for kv_len in DECODE_KV:
         _fill(backend, max(decode_seqs), kv_len, n_batch)
         for n in decode_seqs:
-            seconds = _time_batch(backend, [(s, kv_len) for s in range(n)], repeats)
+            seconds = time_batch(backend, [(s, kv_len) for s in range(n)], repeats)
             points.append(Measurement(TickTerms(0, n, n * kv_len), seconds))
         for size in (s for s in MIX_SIZES if s + max(decode_seqs) <= n_batch):
             n = max(decode_seqs)
             backend.remove_seq(fresh)
             rows = [(s, kv_len) for s in range(n)] + [(fresh, p) for p in range(size)]
             terms = TickTerms(size, n, n * kv_len, chunk_kv_tokens(size, 0))
-            points.append(Measurement(terms, _time_batch(backend, rows, repeats)))
+            points.append(Measurement(terms, time_batch(backend, rows, repeats)))
     return points
 
 
@@ -97,7 +97,7 @@ def measure_deep_prefill(backend: Backend, seq: int, n_batch: int, repeats: int)
             backend.decode((1000 + pos).astype(np.int32), pos, np.full(n, seq, np.int32), np.zeros(n, np.int8))
             done += n
         for size in (s for s in DEEP_SIZES if s <= n_batch):
-            seconds = _time_batch(backend, [(seq, p) for p in range(start, start + size)], repeats)
+            seconds = time_batch(backend, [(seq, p) for p in range(start, start + size)], repeats)
             deep = chunk_kv_tokens(size, start)
             points.append(Measurement(TickTerms(size, 0, 0, deep, deep if size < tile else 0), seconds))
     backend.remove_seq(seq)
@@ -149,7 +149,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     backend = build_backend(config)
     info = backend.info
     print(f"calibrating {info.description}: n_batch {info.n_batch}, {info.n_seq_max} sequences")
-    _time_batch(backend, [(0, p) for p in range(min(64, info.n_batch))], 1)  # warm-up
+    time_batch(backend, [(0, p) for p in range(min(64, info.n_batch))], 1)  # warm-up
     points = measure(backend, info.n_seq_max, info.n_batch, args.repeats)
     profile = CostProfile.fit(points, device=info.description, source="cobali calibrate",
                               chars_per_token=chars_per_token(backend, texts))
