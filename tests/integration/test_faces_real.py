@@ -33,11 +33,13 @@ def test_calibrate_writes_to_the_user_cache_not_the_bundled_profile(
     sample = tmp_path / "sample.txt"
     sample.write_text("A short sample of English text to count characters per token.\n")
     bundled = DEFAULT_PROFILE.read_bytes()
-    # 1024 cells a sequence: 2 prefill sizes, 1 deep-prefill depth (512), 1-2 rows at both decode depths.
+    # 1024 cells a sequence: 2 prefill sizes, 2 deep chunks below the tile at one depth (512), 1-2 rows at both decode
+    # depths.
     argv = ["calibrate", *SMALL, "--ctx", "3072", "--repeats", "1", "--text-sample", str(sample)]
     assert main(argv) == 0
     assert DEFAULT_PROFILE.read_bytes() == bundled
     profile = CostProfile.load(tmp_path / "cache" / "profiles" / "calibrated.json")
-    assert len(profile.measurements) == 7 and all(m.seconds > 0 for m in profile.measurements)
+    assert len(profile.measurements) == 8 and all(m.seconds > 0 for m in profile.measurements)
+    assert sum(m.terms.short_prefill_kv_tokens > 0 for m in profile.measurements) == 2, "16 and 32 deep: short"
     assert profile.prefill_s_per_token > 0 and 2 < profile.chars_per_token < 8
     assert "llama" in profile.device
