@@ -36,7 +36,7 @@ from cobali.http.config import ServerConfig
 
 ReplicaId = str  # a replica as Ray Serve names it (ReplicaID.unique_id)
 HOWS = ("prefix", "load", "balance", "text", "pinned")  # how requests were routed, for /metrics
-MAX_PENDING = 4096  # calls ranked and not yet routed whose work per replica is kept (a cancelled one is forgotten)
+MAX_PENDING = 4096  # calls ranked and not yet routed, held as counted (past it the oldest, cancelled, is dropped)
 
 
 @dataclass(frozen=True)
@@ -112,22 +112,32 @@ class Policy:
         self._queue: Counter[ReplicaId] = Counter()
         self._work: Counter[ReplicaId] = Counter()
         self._reports: dict[ReplicaId, _Report] = {}
-        # Each call's tokens to compute on each replica it was ranked over, kept from rank() to routed().
-        self._pending: OrderedDict[RoutingHint, dict[ReplicaId, int]] = OrderedDict()
+        # Calls ranked and not yet routed, by their hint's identity (two calls may carry equal hints): the hint,
+        # the replica chosen, the tokens counted there meanwhile, and its tokens on each replica (kv) for routed().
+        # Ray Serve tells where a call went only once a replica took it: a burst is ranked before any is routed,
+        # and without this count every call of it would see the same loads and go to the same replica.
+        self._pending: OrderedDict[int, tuple[RoutingHint, ReplicaId, int, dict[ReplicaId, int]]] = OrderedDict()
         self._known: set[ReplicaId] = set()  # the replicas Ray Serve listed last
         self.replicas: tuple[ReplicaId, ...] = ()  # the same, in its order, replaced whole: the ingress reads it
         self.counts: dict[str, int] = dict.fromkeys(HOWS, 0)
 
     def rank(self, hint: RoutingHint | None, replicas: Sequence[ReplicaId]) -> list[list[ReplicaId]]:
-        """`replicas` ranked for this call: [[chosen], [the rest]]; [] if it is pinned to a replica not there."""
-        hint = hint or RoutingHint()
+        """`replicas` ranked for this call: [[chosen], [the rest]]; [] if it is pinned to a replica not there. A call
+        with a hint counts where it was ranked until routed() says where it went."""
+        given, hint = hint, hint or RoutingHint()
         if hint.replica is not None:
             return [[hint.replica]] if hint.replica in replicas else []
         if not replicas:
             return []
         # Replicas that refused it go last; if all did, it tries them again rather than waiting for no one.
         fresh = [r for r in replicas if r not in hint.avoid] or list(replicas)
+        work: dict[ReplicaId, int] = {}
+        if self._prefix is not None:  # before route(), which remembers the blocks it sends
+            work = {r: self._prefix.uncached_tokens(r, hint.blocks, hint.n_tokens) for r in fresh}
+        self._release(hint)  # ranked again (Ray Serve backed off): its earlier choice no longer counts
         chosen = self._choose(hint, fresh)
+        if given is not None:  # without a hint, routed() could not match it: nothing is held
+            self._hold(hint, chosen, work)
         rest = [r for r in fresh if r != chosen]
         refused = [r for r in replicas if r in hint.avoid and r != chosen]
         return [rank for rank in ([chosen], rest, refused) if rank]
@@ -136,7 +146,6 @@ class Policy:
         loads = {r: ReplicaLoad(self._queue[r], self._work[r] or self._queue[r], self._kv_use(r)) for r in replicas}
         if self._prefix is not None:
             holding = {r for r in replicas if self._prefix.matched_blocks(r, hint.blocks)}  # before route()
-            self._keep_work(hint, {r: self._prefix.uncached_tokens(r, hint.blocks, hint.n_tokens) for r in replicas})
             balanced = self._prefix.balanced  # remembers what it sends
             chosen = self._prefix.route(hint.blocks, hint.n_tokens, loads, hint.session)
             self.counts["balance" if self._prefix.balanced > balanced else "prefix" if chosen in holding
@@ -149,11 +158,32 @@ class Policy:
         drawn = self._rng.sample(list(replicas), min(2, len(replicas)))
         return min(drawn, key=lambda r: self._queue[r])
 
-    def _keep_work(self, hint: RoutingHint, work: dict[ReplicaId, int]) -> None:
-        self._pending[hint] = work
-        self._pending.move_to_end(hint)
+    def _hold(self, hint: RoutingHint, chosen: ReplicaId, work: dict[ReplicaId, int]) -> None:
+        tokens = work.get(chosen, max(hint.n_tokens, 1))
+        self._pending[id(hint)] = (hint, chosen, tokens, work)
+        self._count(chosen, tokens)
         if len(self._pending) > MAX_PENDING:
-            self._pending.popitem(last=False)
+            _, (_, oldest, old_tokens, _) = self._pending.popitem(last=False)
+            self._uncount(oldest, old_tokens)
+
+    def _release(self, hint: RoutingHint) -> dict[ReplicaId, int]:
+        """Drop the count held for a ranked call; its tokens on each replica (empty if none was held)."""
+        held = self._pending.get(id(hint))
+        if held is None or held[0] is not hint:
+            return {}
+        del self._pending[id(hint)]
+        self._uncount(held[1], held[2])
+        return held[3]
+
+    def _count(self, replica: ReplicaId, tokens: int) -> None:
+        self._queue[replica] += 1
+        self._work[replica] += tokens
+
+    def _uncount(self, replica: ReplicaId, tokens: int) -> None:
+        self._queue[replica] -= 1
+        self._work[replica] -= tokens
+        if not self._queue[replica] and replica not in self._known:  # the last call of a replica gone
+            del self._queue[replica], self._work[replica]
 
     def _kv_use(self, replica: ReplicaId) -> float:
         report = self._reports.get(replica)
@@ -164,21 +194,16 @@ class Policy:
         if hint is not None and hint.replica is not None:
             self.counts["pinned"] += 1
         tokens = max(hint.n_tokens, 1) if hint is not None else 1
-        if hint is not None and hint in self._pending:  # ranked by kv: what it computes where it went
-            tokens = self._pending.pop(hint).get(replica, tokens)
+        if hint is not None:  # ranked by kv: what it computes where it went
+            tokens = self._release(hint).get(replica, tokens)
         self.completed(call)  # a call routed again (its replica refused it) leaves the first one's count
         self._in_flight[call] = (replica, tokens)
-        self._queue[replica] += 1
-        self._work[replica] += tokens
+        self._count(replica, tokens)
 
     def completed(self, call: str) -> None:
         entry = self._in_flight.pop(call, None)
         if entry is not None:
-            replica, tokens = entry
-            self._queue[replica] -= 1
-            self._work[replica] -= tokens
-            if not self._queue[replica] and replica not in self._known:  # the last call of a replica gone
-                del self._queue[replica], self._work[replica]
+            self._uncount(*entry)
 
     def report(self, replica: ReplicaId, stats: Mapping[str, Any]) -> None:
         """A replica's routing stats as Ray Serve last collected them (EngineReplica.record_routing_stats); taken

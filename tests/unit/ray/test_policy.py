@@ -162,3 +162,20 @@ def test_uncached_tokens_is_the_prompt_less_the_leading_blocks_held() -> None:
     assert policy._work["a"] == hint.n_tokens - 4 * BLOCK
     policy.completed("one")
     assert policy._work["a"] == 0
+
+
+def test_a_burst_ranked_before_any_is_routed_is_spread() -> None:
+    """Ray Serve says where a call went only once a replica took it: calls ranked meanwhile count where they were
+    ranked, or a burst sees the same loads and herds onto one replica (here the one reporting less KV in use)."""
+    policy = Policy(PolicyConfig(), seed=9)
+    policy.retain(["a", "b"])
+    report(policy, "a", 1, kv_use=0.1)
+    burst = [RoutingHint((), 12) for _ in range(16)]  # prefix-less, and equal: told apart by identity
+    chosen = [policy.rank(hint, ["a", "b"])[0][0] for hint in burst]
+    assert min(Counter(chosen).values()) >= 6, Counter(chosen)
+    for i, (hint, replica) in enumerate(zip(burst, chosen, strict=True)):
+        policy.routed(f"c{i}", replica, hint)
+    assert policy.in_flight() == dict(Counter(chosen)), "held counts became the calls' own, none twice"
+    for i in range(16):
+        policy.completed(f"c{i}")
+    assert policy.in_flight() == {"a": 0, "b": 0} and policy._work["a"] == policy._work["b"] == 0
