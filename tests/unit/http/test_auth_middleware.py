@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import socket
 import threading
 import time
@@ -44,7 +45,7 @@ def live(app: FastAPI) -> Iterator[int]:
 
 def answer_to_headers(port: int, path: str, headers: str = "", wait_s: float = 5) -> tuple[bytes, float]:
     """Sends a POST's headers announcing a body of ANNOUNCED bytes, and none of the body; the first bytes of the
-    answer (b"" if none came within wait_s) and how long they took."""
+    answer, whole (b"" if none came within wait_s), and how long it took."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.settimeout(wait_s)
         head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
@@ -52,10 +53,26 @@ def answer_to_headers(port: int, path: str, headers: str = "", wait_s: float = 5
         start = time.perf_counter()
         sock.sendall(head.encode())
         try:
-            answer = sock.recv(65536)
+            answer = whole_answer(sock)
         except TimeoutError:
             answer = b""
         return answer, time.perf_counter() - start
+
+
+def whole_answer(sock: socket.socket) -> bytes:
+    """One HTTP answer: its head, then as many body bytes as its Content-Length says. uvicorn writes the head
+    and the body in two sends, which may arrive as two segments: one recv() is not enough."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        if not (more := sock.recv(65536)):
+            return answer
+        answer += more
+    head = answer.partition(b"\r\n\r\n")[0]
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    whole = len(head) + 4 + (int(length.group(1)) if length else 0)
+    while len(answer) < whole and (more := sock.recv(65536)):
+        answer += more
+    return answer
 
 
 @pytest.mark.parametrize("path, shape", [
