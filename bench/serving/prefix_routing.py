@@ -4,6 +4,7 @@
     .venv/bin/python bench/serving/prefix_routing.py --launch --routers least-busy text kv   # one after another
     .venv/bin/python bench/serving/prefix_routing.py --sim --profile PROFILE    # the same requests, simulated
     .venv/bin/python bench/serving/prefix_routing.py --sim --compare real.json  # ... and set beside a real run
+    .venv/bin/python bench/serving/prefix_routing.py --launch --seeds 0 1 2 --out real.json   # pooled over 3
 
 The workload (prefix_workload.py): --customers system prompts of about --context-tokens tokens each, --users per
 customer each holding --turns turns of short questions, Poisson arrivals at --rate, --max-tokens per reply
@@ -17,6 +18,9 @@ TTFT in the list's order, and the replicas' ticks, their seconds and the tokens 
 tick_duration_seconds and iteration_tokens), to set a real run beside the simulator's request by request and tick
 by tick, and the replicas' own mean TTFT (from a request's arrival at the engine), against the client's mean: the
 front door's share.
+
+--seeds runs a workload for each seed in turn (a fresh server for each, under --launch) and pools them: TTFT
+percentiles over all their requests, the rest averaged or summed; each seed's own summary is kept in the JSON.
 
 --sim runs the same request list (the chats rendered and tokenized by --model's own template and tokenizer, at
 the same arrival times) through the simulator at --replicas with --profile's costs, under the same --serve-flags,
@@ -127,7 +131,15 @@ def summarize(records: Sequence[ClientRecord], wall0: float, hit_rate: float, ma
             "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
             "ttft_p90_ms": float(np.percentile(ttft, 90)) if ttft else None,
             "requests_per_s": len(done) / wall, "output_tok_s": sum(r.output_tokens for r in done) / wall,
-            "wall_s": wall, "errors": errors[:5], "ttft_ms": [by_index.get(i) for i in range(len(records))]}
+            "wall_s": wall, "errors": errors[:5], "ttft_ms": [by_index.get(i) for i in range(len(records))],
+            "replica": first_seen_order([r.served_by for r in sorted(records, key=lambda r: r.index)])}
+
+
+def first_seen_order(names: Sequence[str | None]) -> list[int | None]:
+    """Each request's replica, numbered in the order the replicas first answered: a real run's and the
+    simulator's placements compare directly."""
+    numbers: dict[str, int] = {}
+    return [None if name is None else numbers.setdefault(name, len(numbers)) for name in names]
 
 
 def row(router: str, s: dict) -> str:
@@ -161,7 +173,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--answer-words", type=int, default=shape.answer_words)
     parser.add_argument("--max-tokens", type=positive_int, default=shape.max_tokens)
     parser.add_argument("--rate", type=positive_float, default=shape.rate, help="requests/s, Poisson")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="one workload each (its contexts, questions and arrivals); with several, the TTFT "
+                             "percentiles are over all their requests")
     parser.add_argument("--out", type=Path, default=None, help="write the summaries here as JSON")
     parser.add_argument("--compare", type=Path, default=None,
                         help="--sim: a real run's --out, to print simulated / real for each router run both ways")
@@ -173,32 +187,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = TextSide(args.model)
     shape = ChatShape(args.customers, args.users, args.turns, args.context_tokens, args.question_words,
                       args.answer_words, args.max_tokens, args.rate)
-    requests, offsets = chat_requests(shape, text.count, args.seed)
-    sizes = [text.count(r.messages[0]["content"]) for r in requests]
-    print(f"{len(requests)} requests, {shape.customers} contexts of {min(sizes)}-{max(sizes)} tokens, "
-          f"{args.rate:g} req/s, {args.max_tokens} tokens out")
-    summaries = {}
-    if args.sim:
-        from prefix_routing_sim import simulate_chats  # the simulator's imports only when asked
+    by_seed = [run_seed(args, text, shape, seed) for seed in args.seeds]
+    summaries = {router: pooled([runs[router] for runs in by_seed]) for router in by_seed[0]}
+    if len(args.seeds) > 1:
+        print(f"pooled over seeds {' '.join(map(str, args.seeds))}:\n{HEADER}")
+        for router, summary in summaries.items():
+            print(row(router, summary))
+    if args.sim and args.compare is not None:
+        from prefix_routing_sim import print_comparison
 
-        summaries = simulate_chats(args, text, requests, offsets)
-    else:
-        print(HEADER, flush=True)
-        for router in args.routers if args.launch else [args.label]:
-            if args.launch:
-                flags = ["--replicas", str(args.replicas), "--threads", str(args.threads), "--router", router,
-                         *shlex.split(args.serve_flags)]
-                with started_server(flags, args.startup_s) as (url, _):
-                    summaries[router] = asyncio.run(run_chats(url, requests, offsets))
-            else:
-                summaries[router] = asyncio.run(run_chats(args.url.rstrip("/"), requests, offsets))
-            print(row(router, summaries[router]), flush=True)
+        print_comparison(json.loads(args.compare.read_text())["runs"], summaries)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": summaries},
                                        indent=1))
         print(f"wrote {args.out}")
     return 1 if any(s["lost"] for s in summaries.values()) else 0
+
+
+def run_seed(args: argparse.Namespace, text: TextSide, shape: ChatShape, seed: int) -> dict[str, dict]:
+    """Each router's summary of one seed's workload: real servers (a fresh one per router) or the simulator."""
+    requests, offsets = chat_requests(shape, text.count, seed)
+    sizes = [text.count(r.messages[0]["content"]) for r in requests]
+    print(f"seed {seed}: {len(requests)} requests, {shape.customers} contexts of {min(sizes)}-{max(sizes)} tokens, "
+          f"{args.rate:g} req/s, {args.max_tokens} tokens out")
+    if args.sim:
+        from prefix_routing_sim import simulate_chats  # the simulator's imports only when asked
+
+        return simulate_chats(args, text, requests, offsets, seed)
+    summaries = {}
+    print(HEADER, flush=True)
+    for router in args.routers if args.launch else [args.label]:
+        if args.launch:
+            flags = ["--replicas", str(args.replicas), "--threads", str(args.threads), "--router", router,
+                     *shlex.split(args.serve_flags)]
+            with started_server(flags, args.startup_s) as (url, _):
+                summaries[router] = asyncio.run(run_chats(url, requests, offsets))
+        else:
+            summaries[router] = asyncio.run(run_chats(args.url.rstrip("/"), requests, offsets))
+        print(row(router, summaries[router]), flush=True)
+    return summaries
+
+
+def pooled(runs: Sequence[dict]) -> dict:
+    """One router's runs over several seeds as one: its TTFT percentiles over all their requests (p90 of one
+    64-request run is one order statistic in a sparse tail), rates and hit rates averaged, counts summed. A single
+    run is returned as it is; the runs stay under "seeds"."""
+    if len(runs) == 1:
+        return runs[0]
+    ttft = [t for run in runs for t in run["ttft_ms"] if t is not None]
+    summed = {key: sum(run[key] for run in runs) for key in ("requests", "lost", "ticks", "tick_s", "batch_tokens")}
+    means = {key: float(np.mean([run[key] for run in runs]))
+             for key in ("prefix_hit_rate", "requests_per_s", "output_tok_s", "wall_s")}
+    return {**summed, **means, "ttft_mean_ms": float(np.mean(ttft)) if ttft else None,
+            "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
+            "ttft_p90_ms": float(np.percentile(ttft, 90)) if ttft else None, "seeds": list(runs)}
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ simulate --router` runs them with their default settings.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -24,25 +23,28 @@ from prefix_workload import ChatRequest
 
 from cobali.faces import simulate as face
 from cobali.sim.backend import SimBackend
-from cobali.sim.cluster import SimItem, simulate
+from cobali.sim.cluster import SimItem, SimResult, simulate
 
 if TYPE_CHECKING:
     from prefix_routing import TextSide
 
 
-def sim_args(args: argparse.Namespace, router: str) -> argparse.Namespace:
+def sim_args(args: argparse.Namespace, router: str, seed: int) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cobali")
     face.register(parser.add_subparsers())
     argv = ["simulate", "--profile", args.profile, "--replicas", str(args.replicas), "--threads", str(args.threads),
-            *shlex.split(args.serve_flags), "--router", router, "--seed", str(args.seed)]
+            *shlex.split(args.serve_flags), "--router", router, "--seed", str(seed)]
     known, unknown = parser.parse_known_args(argv)
     if unknown:
         print(f"the simulator ignores {' '.join(unknown)}")
     return known
 
 
-def summary(result_finished: Sequence, result: dict) -> dict:
-    by_index = [f.timing.ttft_ms if f is not None else None for f in result_finished]
+def summary(run: SimResult) -> dict:
+    from prefix_routing import first_seen_order
+
+    result = run.summary()
+    by_index = [f.timing.ttft_ms if f is not None else None for f in run.finished]
     ttft = [t for t in by_index if t is not None]
     return {"requests": result["requests"] + result["unfinished"], "lost": result["unfinished"] + result["failed"],
             "prefix_hit_rate": result["prefix_hit_rate"], "ttft_mean_ms": float(np.mean(ttft)) if ttft else None,
@@ -51,14 +53,15 @@ def summary(result_finished: Sequence, result: dict) -> dict:
             "requests_per_s": result["requests_per_s"], "output_tok_s": result["output_tok_s"],
             "wall_s": result["wall_s"], "sim_real_s": result["sim_real_s"], "ttft_ms": by_index,
             "ticks": result["ticks"], "tick_s": result["busy_share"] * result["wall_s"] * result["replicas"],
-            "batch_tokens": round(result["mean_batch_tokens"] * result["ticks"])}
+            "batch_tokens": round(result["mean_batch_tokens"] * result["ticks"]),
+            "replica": first_seen_order([None if p is None else str(p) for p in run.placements])}
 
 
 def simulate_chats(args: argparse.Namespace, text: TextSide, requests: Sequence[ChatRequest],
-                   offsets: Sequence[float]) -> dict[str, dict]:
+                   offsets: Sequence[float], seed: int) -> dict[str, dict]:
     from prefix_routing import HEADER, row
 
-    specs = {router: face.sim_spec(sim_args(args, router)) for router in args.routers}
+    specs = {router: face.sim_spec(sim_args(args, router, seed)) for router in args.routers}
     fold = min(SimBackend(spec.costs).n_vocab for spec in specs.values()) - 1  # ids in [1, n_vocab): 0 ends it
     items = []
     for request in requests:
@@ -71,10 +74,8 @@ def simulate_chats(args: argparse.Namespace, text: TextSide, requests: Sequence[
     summaries = {}
     for router in args.routers:
         result = simulate(items, list(offsets), specs[router])
-        summaries[router] = summary(result.finished, result.summary())
+        summaries[router] = summary(result)
         print(row(router, summaries[router]), flush=True)
-    if args.compare is not None:
-        print_comparison(json.loads(args.compare.read_text())["runs"], summaries)
     return summaries
 
 
@@ -82,11 +83,15 @@ COMPARED = ("prefix_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_mean_ms", "re
 
 
 def print_comparison(real: dict[str, dict], simulated: dict[str, dict]) -> None:
-    """Simulated over real, for each router run both ways: the issue's bar is 15 %."""
+    """Simulated over real, for each router run both ways (pooled over the seeds, then each seed where both ran
+    the same ones): the issue's bar is 15 %."""
     print(f"simulated / real: {'router':>10} " + " ".join(f"{name:>14}" for name in COMPARED))
     for router in (r for r in simulated if r in real):
-        ratios = []
-        for name in COMPARED:
-            a, b = simulated[router].get(name), real[router].get(name)
-            ratios.append(f"{a / b:>14.2f}" if a is not None and b else f"{'-':>14}")
-        print(f"{'':>18}{router:>10} " + " ".join(ratios))
+        pairs = [(router, simulated[router], real[router])]
+        seeds_sim, seeds_real = simulated[router].get("seeds", []), real[router].get("seeds", [])
+        if len(seeds_sim) == len(seeds_real):
+            pairs += [(f"seed #{i}", a, b) for i, (a, b) in enumerate(zip(seeds_sim, seeds_real, strict=True))]
+        for label, sim, run in pairs:
+            ratios = [f"{sim[k] / run[k]:>14.2f}" if sim.get(k) is not None and run.get(k) else f"{'-':>14}"
+                      for k in COMPARED]
+            print(f"{'':>18}{label:>10} " + " ".join(ratios))

@@ -18,17 +18,22 @@ context, the balance thresholds are what spread it. SGLang's 64 suits batches of
 16 (bench/sim/routing.py: one customer, 128 users, 8 replicas: TTFT p50 369 ms at 64, 24 ms at 16, 31 ms routed by
 load alone).
 
-A report is a period old at worst, so the router also remembers the blocks it sent to each replica since its
-report before the last: a conversation's turns that come faster than reports still meet their prefix.
-Memory is bounded: a report's hashes are capped by the replica, the blocks remembered per replica by max_blocks,
-and the sessions (least recently used forgotten) by max_sessions.
+A report is a period old at worst, and a prompt's blocks appear in one only once computed: a cold context waits
+in the queue and then takes seconds of chunks. So the router believes a replica holds what it sent there: the
+blocks of the requests its caller says are in flight there (started(), finished()), and those it sent since its
+report before the last, the requests finished meanwhile among them. Remembering sends for two reports alone, a
+context's next request arriving before the report that shows it computed went by load, and the context was
+computed twice (bench/serving/prefix_routing.py --sim, --route-report-period 0.5).
+Memory is bounded: a report's hashes are capped by the replica, the blocks remembered sent per replica by
+max_blocks, those in flight by the requests in flight (each a prompt's blocks at most), and the sessions (least
+recently used forgotten) by max_sessions.
 """
 
 from __future__ import annotations
 
 import bisect
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -103,11 +108,12 @@ def two_choices(loads: Mapping[K, ReplicaLoad], rng: random.Random) -> K:
 @dataclass
 class _Held:
     reported: frozenset[int] = frozenset()
-    sent: set[int] = field(default_factory=set)  # blocks sent since the last report
+    sent: set[int] = field(default_factory=set)  # blocks sent (or finished) since the last report
     sent_before: set[int] = field(default_factory=set)  # and between the last two reports
+    in_flight: Counter[int] = field(default_factory=Counter)  # blocks of the requests in flight, by how many hold it
 
     def holds(self, block: int) -> bool:
-        return block in self.reported or block in self.sent or block in self.sent_before
+        return block in self.reported or block in self.sent or block in self.sent_before or self.in_flight[block] > 0
 
 
 class PrefixRouter(Generic[K]):
@@ -124,6 +130,22 @@ class PrefixRouter(Generic[K]):
         """What `replica` holds now (its DigestBuilder's digest, made with this config's block_tokens)."""
         held = self._held.setdefault(replica, _Held())
         held.reported, held.sent_before, held.sent = hashes, held.sent, set()
+
+    def started(self, replica: K, blocks: Sequence[int]) -> None:
+        """A request of these blocks is in flight at `replica`: they count as held there until it finishes."""
+        self._held.setdefault(replica, _Held()).in_flight.update(blocks)
+
+    def finished(self, replica: K, blocks: Sequence[int]) -> None:
+        """That request finished (or failed): its blocks count as sent now, until the replica's reports show
+        whether it keeps them."""
+        held = self._held.get(replica)
+        if held is None:  # forgotten meanwhile
+            return
+        held.in_flight.subtract(blocks)
+        for block in blocks:
+            if held.in_flight[block] <= 0:
+                del held.in_flight[block]
+        self._send(held, blocks)
 
     def forget(self, replica: K) -> None:
         """A replica gone: nothing is sent there again unless it comes back in the loads."""
@@ -169,7 +191,9 @@ class PrefixRouter(Generic[K]):
         return self._sessions.pick(best, session, self._rng)
 
     def _remember(self, replica: K, blocks: Sequence[int], session: str | None) -> None:
-        held = self._held.setdefault(replica, _Held())
+        self._send(self._held.setdefault(replica, _Held()), blocks)
+        self._sessions.remember(session, replica)
+
+    def _send(self, held: _Held, blocks: Sequence[int]) -> None:
         if len(held.sent) + len(blocks) <= self.config.max_blocks:
             held.sent.update(blocks)
-        self._sessions.remember(session, replica)

@@ -42,6 +42,7 @@ class ClientRecord:
     prompt_tokens: int = 0  # from the final usage; 0 when the server sends none
     output_tokens: int = 0  # from the final usage, else the number of text chunks
     error: str | None = None
+    served_by: str | None = None  # the replica that answered, where the server names it (x-cobali-replica)
 
     def timing(self) -> RequestTiming:
         if self.error is not None:
@@ -128,6 +129,7 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict, record: Cl
                 detail = (await response.aread()).decode(errors="replace")[:300]
                 record.error = f"HTTP {response.status_code}: {detail}"
                 return record
+            record.served_by = response.headers.get("x-cobali-replica")
             async for line in response.aiter_lines():
                 data = sse_data(line)
                 if data is not None and not apply_chunk(record, data, time.perf_counter()):

@@ -42,6 +42,7 @@ from cobali.ray.policy import Policy, RoutingHint
 log = logging.getLogger("cobali.http")
 UNAVAILABLE = HTTPStatus.SERVICE_UNAVAILABLE
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+REPLICA_HEADER = b"x-cobali-replica"
 ASK_TIMEOUT_S = 30.0  # a replica that does not answer /metrics, /health or /slots within it is "unreachable"
 
 
@@ -111,13 +112,21 @@ class Relay(Response):
                     held.append(message)
                 else:
                     started = True
-                    await send(message)
+                    await send(served_by(message, replica))
         except Exception as err:
             if started:  # too late for another replica: the connection just ends
                 raise
             log.warning("replica %s failed: %s", replica, err)
             return replica, []
         return replica, None if started else held
+
+
+def served_by(message: Message, replica: str | None) -> Message:
+    """The response's start names the replica that answered (x-cobali-replica), so that a client, a log or a
+    benchmark can see where the router sent a request."""
+    if message["type"] != "http.response.start" or replica is None:
+        return message
+    return {**message, "headers": [*message.get("headers", ()), (REPLICA_HEADER, replica.encode())]}
 
 
 async def _fetch(replicas: Replicas, replica: str, request: HTTPRequest) -> JsonReply | None:

@@ -6,7 +6,8 @@ rank whose queue has room, and goes down the ranks when none has). No Ray import
 
 Three policies (--router):
 - kv: cobali.frontend.prefix_routing.PrefixRouter, llm-d's scorer on what each replica reports holding (its
-  prefix blocks' hashes, its KV use: EngineReplica.record_routing_stats) and the work routed to it;
+  prefix blocks' hashes, its KV use: EngineReplica.record_routing_stats), the blocks of the calls in flight there
+  (told it at routed() and completed()) and the work routed to it;
 - text: cobali.frontend.text_prefix_routing.TextPrefixRouter, Ray Serve LLM's PrefixCacheAffinityRouter's shape,
   on the prompts' text as rendered;
 - least-busy: the less busy of two replicas drawn at random.
@@ -108,7 +109,7 @@ class Policy:
             self._prefix = PrefixRouter(config.routing, seed or 0)
         elif config.policy == "text":
             self._text = TextPrefixRouter(TextRoutingConfig(), seed or 0)
-        self._in_flight: dict[str, tuple[ReplicaId, int]] = {}  # call id -> (its replica, its tokens)
+        self._in_flight: dict[str, tuple[ReplicaId, int, tuple[int, ...]]] = {}  # call id -> replica, tokens, blocks
         self._queue: Counter[ReplicaId] = Counter()
         self._work: Counter[ReplicaId] = Counter()
         self._reports: dict[ReplicaId, _Report] = {}
@@ -197,13 +198,19 @@ class Policy:
         if hint is not None:  # ranked by kv: what it computes where it went
             tokens = self._release(hint).get(replica, tokens)
         self.completed(call)  # a call routed again (its replica refused it) leaves the first one's count
-        self._in_flight[call] = (replica, tokens)
+        blocks = hint.blocks if hint is not None else ()
+        self._in_flight[call] = (replica, tokens, blocks)
         self._count(replica, tokens)
+        if self._prefix is not None:  # its blocks count as held there while it runs: a report shows them late
+            self._prefix.started(replica, blocks)
 
     def completed(self, call: str) -> None:
         entry = self._in_flight.pop(call, None)
         if entry is not None:
-            self._uncount(*entry)
+            replica, tokens, blocks = entry
+            self._uncount(replica, tokens)
+            if self._prefix is not None:
+                self._prefix.finished(replica, blocks)
 
     def report(self, replica: ReplicaId, stats: Mapping[str, Any]) -> None:
         """A replica's routing stats as Ray Serve last collected them (EngineReplica.record_routing_stats); taken

@@ -100,16 +100,20 @@ class Replica:
         self.routed_work += work
         self.routed += 1
 
-    def run_until(self, t: float) -> None:
+    def run_until(self, t: float) -> list[int]:
+        """Step until the clock reaches t (or the work ends); the requests that finished meanwhile."""
+        ended = []
         while self.llm.has_work and self.clock.now < t:
             for index, output in self.llm.step():
                 assert isinstance(index, int)
+                ended.append(index)
                 self.outstanding -= self._cost.pop(index)
                 self.routed_work -= self._work.pop(index)
                 stats = output.stats
                 assert stats is not None
                 self.finished[index] = Finished(request_timing(stats), stats.n_prompt_tokens, stats.n_output_tokens,
                                                 output.error is not None)
+        return ended
 
     def _on_tick(self, record: TickRecord) -> None:
         self.ticks += 1
@@ -125,6 +129,7 @@ class SimResult:
     real_s: float
     cpu_s: float
     routing: Routing | None = field(default=None, repr=False)
+    placements: list[int | None] = field(default_factory=list, repr=False)  # each request's replica (None: not routed)
 
     def summary(self) -> dict:
         """runner's summary keys; wall_s is virtual time and user_cpu_s the simulator's own CPU time."""
@@ -172,30 +177,35 @@ def simulate(items: Sequence[SimItem], arrivals: Sequence[float], spec: SimSpec,
         raise ValueError(f"replicas must be >= 1, got {spec.replicas}")
     wall0, cpu0 = time.perf_counter(), user_cpu_seconds()
     finished: list[Finished | None] = [None] * len(items)
+    placements: list[int | None] = [None] * len(items)
     replicas = [Replica(spec, finished) for _ in range(spec.replicas)]
     routing = make_routing(spec)
     engines = [r.engine for r in replicas]
     for index, (item, t) in enumerate(zip(items, arrivals, strict=True)):
-        for replica in replicas:
-            replica.run_until(t)
+        ended = [i for replica in replicas for i in replica.run_until(t)]
+        if isinstance(routing, KvRouting):
+            routing.finished(ended)
         if stop is not None and stop.reached(finished):
             break
         if routing is None:
-            min(replicas, key=Replica.queued_tokens).arrive(index, item, t, len(item.tokens))
+            picked = min(range(len(replicas)), key=lambda i: replicas[i].queued_tokens())
+            work = len(item.tokens)
         else:
             # The loads a deployment's router knows: its own count of what it sent (cobali/ray/policy.py).
             queues = [(r.queue, r.routed_work) for r in replicas]
             if isinstance(routing, KvRouting):
-                picked, work = routing.pick(engines, queues, item.tokens, item.session, t)
+                picked, work = routing.pick(engines, queues, item.tokens, item.session, t, index)
             else:
                 picked, work = routing.pick(queues, item.text, item.tokens, item.session), len(item.tokens)
-            replicas[picked].arrive(index, item, t, work)
+        replicas[picked].arrive(index, item, t, work)
+        placements[index] = picked
     else:
         for replica in replicas:
             replica.run_until(float("inf"))
     end = max(r.clock.now for r in replicas)
     start = arrivals[0] if len(arrivals) else 0.0
-    return SimResult(finished, replicas, end - start, time.perf_counter() - wall0, user_cpu_seconds() - cpu0, routing)
+    return SimResult(finished, replicas, end - start, time.perf_counter() - wall0, user_cpu_seconds() - cpu0, routing,
+                     placements)
 
 
 def make_routing(spec: SimSpec) -> Routing | None:

@@ -76,6 +76,28 @@ def test_blocks_sent_count_until_two_reports_have_passed() -> None:
     assert r.matched_blocks(sent, blocks) == 0, "two reports without it: evicted"
 
 
+def test_blocks_in_flight_count_until_finished_and_then_two_reports() -> None:
+    prompt = tokens(41, 1)
+    blocks = prompt_blocks(prompt, B)
+    r = router()
+    sent = r.route(blocks, len(prompt), idle(4))
+    r.started(sent, blocks)
+    r.started(sent, blocks[:4])  # a second request, sharing its first blocks
+    for _ in range(5):  # queued, then seconds of prefill: reports made before its blocks were computed
+        r.report(sent, frozenset())
+    assert r.matched_blocks(sent, blocks) == 10, "in flight there: it will hold them"
+    r.finished(sent, blocks)
+    r.report(sent, frozenset())
+    assert r.matched_blocks(sent, blocks) == 10, "finished since the last report: a report may predate it"
+    r.report(sent, frozenset())
+    assert r.matched_blocks(sent, blocks) == 4, "two reports without it: evicted; the other request runs on"
+    r.finished(sent, blocks[:4])
+    r.report(sent, frozenset()), r.report(sent, frozenset())
+    assert r.matched_blocks(sent, blocks) == 0 and not r._held[sent].in_flight
+    r.forget(sent)
+    r.finished(sent, blocks)  # a replica gone while its requests ran: nothing to count
+
+
 def test_the_routers_memory_is_bounded() -> None:
     r = router(max_blocks=15, max_sessions=3)
     for s in range(10):

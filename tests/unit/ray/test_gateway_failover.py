@@ -72,6 +72,7 @@ def test_a_replica_that_cannot_serve_hands_every_request_on(refusing: Scripted) 
     deployment = ScriptedDeployment([refusing, ready])
     replies = asyncio.run(post_all(deployment, 40))
     assert [(r.status_code, r.json()) for r in replies] == [(200, {"replica": "ready"})] * 40
+    assert {r.headers["x-cobali-replica"] for r in replies} == {"ready"}  # the one that answered is named
     assert ready.calls == 40 and refusing.calls > 0  # the router chose it first for about half of them
     assert refusing.calls == sum(hint.avoid == {refusing.name} for hint in deployment.hints)  # then passed over
 

@@ -57,6 +57,20 @@ def test_a_conversation_s_turns_meet_their_prefix_before_any_report() -> None:
     assert route(policy, longer, "turn2") == replica
 
 
+def test_a_context_s_next_request_goes_where_it_is_being_computed() -> None:
+    policy = Policy(PolicyConfig(), seed=3)
+    policy.retain(REPLICAS[:2])
+    context = prompt(24, 2000)
+    cold = route(policy, context, "cold", REPLICAS[:2])
+    for seq in (1, 2, 3):  # its prefill takes seconds: the replicas report before it computed any block
+        for replica in REPLICAS[:2]:
+            report(policy, replica, seq)
+    assert route(policy, context, "warm", REPLICAS[:2]) == cold, "not computed a second time elsewhere"
+    policy.completed("cold"), policy.completed("warm")
+    report(policy, cold, 4), report(policy, cold, 5)
+    assert policy._prefix is not None and policy._prefix.matched_blocks(cold, context.blocks) == 0
+
+
 def test_with_no_shared_prefix_the_load_stays_balanced() -> None:
     policy = Policy(PolicyConfig(), seed=3)
     rng = random.Random(3)
