@@ -199,6 +199,11 @@ def _add_replica_args(parser: argparse.ArgumentParser) -> None:
                         help="how a request picks its replica: kv (default), where its prompt's KV is as the "
                              "replicas report it, unless the load says otherwise; text, by the prompts' text sent to "
                              "each; least-busy, the less busy of two drawn at random")
+    add_kv_router_args(parser)
+
+
+def add_kv_router_args(parser: argparse.ArgumentParser) -> None:
+    """The kv router's settings, as `cobali serve` and `cobali simulate` both take them (None: the default)."""
     parser.add_argument("--router-weights", type=_router_weights, default=None, metavar="PREFIX,QUEUE,KV",
                         help="the kv router's score: prefix matched, minus queued work, minus KV in use, weighted "
                              "(default 3,2,2, llm-d's)")

@@ -4,7 +4,7 @@
         --num-prompts 10000 --request-rate 20 --max-slots 64 --n-batch 2048 --replicas 2
     cobali simulate --profile cpu-2core-smollm2 --prompts mixed_length --request-rate 0.5
     cobali simulate --plan --target-ttft-p99 500 --request-rate 40 --profile h100-llama-8b ...
-    cobali simulate --replicas 8 --router kv --route-report-period 0.5 ...   (bench/sim/routing.py: by workload)
+    cobali simulate --replicas 8 --router kv --routing-stats-period 0.5 ...   (bench/sim/routing.py: by workload)
     cobali simulate --replicas 8 --router text --route-max-chars 400000 ...
 
 Every request generates exactly its max tokens (no model decides when to stop). Backend flags other
@@ -32,6 +32,7 @@ from cobali.config.flags import (
     positive_float,
     positive_int,
 )
+from cobali.config.serve_flags import add_kv_router_args
 from cobali.engine.costs import load_profile, resolve_profile
 from cobali.engine.policies import MODES
 from cobali.frontend.prefix_routing import RoutingConfig
@@ -73,23 +74,12 @@ def add_routing_args(parser: argparse.ArgumentParser) -> None:
                              "random, the one with fewer requests in flight (Ray Serve's default); text: an "
                              "approximate prefix tree of the text sent to each replica (frontend/"
                              "text_prefix_routing.py); kv: the replica whose reported prefix cache, queue and KV use "
-                             "score best (frontend/prefix_routing.py); the --route flags tune text and kv")
-    parser.add_argument("--route-prefix-weight", type=non_negative_float, default=ROUTING.w_prefix,
-                        help="weight of the share of the prompt a replica holds")
-    parser.add_argument("--route-queue-weight", type=non_negative_float, default=ROUTING.w_queue,
-                        help="weight of a replica's queue, over the longest")
-    parser.add_argument("--route-kv-weight", type=non_negative_float, default=ROUTING.w_kv,
-                        help="weight of the share of a replica's KV in use")
-    parser.add_argument("--route-balance-abs", type=non_negative_int, default=ROUTING.balance_abs,
-                        help="queues this many requests apart (and --route-balance-rel times) route by load alone")
-    parser.add_argument("--route-balance-rel", type=positive_float, default=ROUTING.balance_rel,
-                        help="see --route-balance-abs (>= 1)")
+                             "score best (frontend/prefix_routing.py), tuned by the --router and --route flags")
+    add_kv_router_args(parser)  # as `cobali serve` takes them
     parser.add_argument("--route-block-tokens", type=positive_int, default=ROUTING.block_tokens,
                         help="tokens per hashed block of the replicas' digests")
     parser.add_argument("--route-max-blocks", type=positive_int, default=ROUTING.max_blocks,
                         help="block hashes in one replica's digest, the most recently used prefixes first")
-    parser.add_argument("--route-report-period", type=positive_float, default=ROUTING.report_period_s, metavar="S",
-                        help="virtual seconds between a replica's digests: how stale the router's view is")
     parser.add_argument("--route-match-rate", type=non_negative_float, default=TEXT_ROUTING.match_rate,
                         help="text: the share of a prompt's characters a replica's tree must match to win it")
     parser.add_argument("--route-imbalance", type=non_negative_int, default=TEXT_ROUTING.imbalance,
@@ -103,9 +93,8 @@ def routing_config(args: argparse.Namespace) -> RoutingConfig | TextRoutingConfi
         return TextRoutingConfig(args.route_match_rate, args.route_imbalance, args.route_max_chars)
     if args.router != "kv":
         return PowerOfTwo() if args.router == "least-busy" else None
-    return RoutingConfig(args.route_prefix_weight, args.route_queue_weight, args.route_kv_weight,
-                         args.route_balance_abs, args.route_balance_rel, args.route_block_tokens,
-                         args.route_max_blocks, args.route_report_period)
+    routing = RoutingConfig(block_tokens=args.route_block_tokens, max_blocks=args.route_max_blocks)
+    return routing.tuned(args.router_weights, args.router_balance, args.routing_stats_period)
 
 
 def sim_spec(args: argparse.Namespace) -> SimSpec:

@@ -23,7 +23,7 @@ in the queue and then takes seconds of chunks. So the router believes a replica 
 blocks of the requests its caller says are in flight there (started(), finished()), and those it sent since its
 report before the last, the requests finished meanwhile among them. Remembering sends for two reports alone, a
 context's next request arriving before the report that shows it computed went by load, and the context was
-computed twice (bench/serving/prefix_routing.py --sim, --route-report-period 0.5).
+computed twice (bench/serving/prefix_routing.py --sim, --routing-stats-period 0.5).
 Memory is bounded: a report's hashes are capped by the replica, the blocks remembered sent per replica by
 max_blocks, those in flight by the requests in flight (each a prompt's blocks at most), and the sessions (least
 recently used forgotten) by max_sessions.
@@ -35,7 +35,7 @@ import bisect
 import random
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)  # how the caller names a replica: an index in the simulator, a replica id in Ray
@@ -61,6 +61,15 @@ class RoutingConfig:
                              f"{self.balance_rel}")
         if min(self.block_tokens, self.max_blocks, self.max_sessions) < 1 or self.report_period_s <= 0:
             raise ValueError("block_tokens, max_blocks and max_sessions must be >= 1, report_period_s > 0")
+
+    def tuned(self, weights: tuple[float, float, float] | None, balance: tuple[int, float] | None,
+              report_period_s: float | None) -> RoutingConfig:
+        """These settings with the flags given (--router-weights, --router-balance, --routing-stats-period;
+        None: unchanged)."""
+        w_prefix, w_queue, w_kv = weights or (self.w_prefix, self.w_queue, self.w_kv)
+        balance_abs, balance_rel = balance or (self.balance_abs, self.balance_rel)
+        return replace(self, w_prefix=w_prefix, w_queue=w_queue, w_kv=w_kv, balance_abs=balance_abs,
+                       balance_rel=balance_rel, report_period_s=report_period_s or self.report_period_s)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ each for /metrics, /health, /slots) or ask that replicas which refused it be pas
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections import Counter, OrderedDict
@@ -68,15 +67,8 @@ class PolicyConfig:
     @classmethod
     def from_settings(cls, settings: ServerConfig) -> PolicyConfig:
         """From the flags: --router, --router-weights, --router-balance, --routing-stats-period."""
-        routing = RoutingConfig()
-        if settings.router_weights is not None:
-            w_prefix, w_queue, w_kv = settings.router_weights
-            routing = dataclasses.replace(routing, w_prefix=w_prefix, w_queue=w_queue, w_kv=w_kv)
-        if settings.router_balance is not None:
-            balance_abs, balance_rel = settings.router_balance
-            routing = dataclasses.replace(routing, balance_abs=balance_abs, balance_rel=balance_rel)
-        if settings.routing_stats_period_s is not None:
-            routing = dataclasses.replace(routing, report_period_s=settings.routing_stats_period_s)
+        routing = RoutingConfig().tuned(settings.router_weights, settings.router_balance,
+                                        settings.routing_stats_period_s)
         return cls(settings.router or "kv", routing)
 
     @classmethod

@@ -102,7 +102,7 @@ def test_token_words_keep_shared_token_prefixes_shared_text_prefixes() -> None:
 def test_simulate_takes_the_router_and_its_weights(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["simulate", "--profile", "cpu-2core-smollm2", "--random-input-len", "64", "--random-output-len", "4",
             "--num-prompts", "12", "--request-rate", "1", "--max-slots", "2", "--replicas", "2"]
-    assert main([*argv, "--router", "kv", "--route-queue-weight", "1", "--route-report-period", "0.5"]) == 0
+    assert main([*argv, "--router", "kv", "--router-weights", "3,1,2", "--routing-stats-period", "0.5"]) == 0
     out = capsys.readouterr().out
     assert "2 replica(s), 2 slots each, router kv" in out and "requests            12 (0 failed)" in out
     assert "prompt tokens from the prefix cache" in out
@@ -113,5 +113,5 @@ def test_simulate_takes_the_router_and_its_weights(capsys: pytest.CaptureFixture
         assert main([*argv, "--router", router, "--route-imbalance", "4", "--route-max-chars", "1000"]) == 0
         assert f"router {router}" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        main([*argv, "--router", "kv", "--route-balance-rel", "0.5"])
-    assert "relative >= 1" in capsys.readouterr().err
+        main([*argv, "--router", "kv", "--router-balance", "64,0.5"])
+    assert "a ratio >= 1" in capsys.readouterr().err
