@@ -176,6 +176,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-stream-buffer", type=positive_int, default=DEFAULT_MAX_STREAM_BUFFER_CHARS,
                         metavar="CHARS", help="text a stream may hold for a client that falls behind; beyond it "
                         "the client is dropped, its request aborted")
+    parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="uvicorn's log line per request (on by default; at hundreds of short requests a "
+                             "second it costs the server a few percent of its CPU)")
     parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
                         help="run the engine in a process of its own: a crash in llama.cpp then costs a restart "
                              "(requests that had started end with an error, the others wait for it), not the server; "
@@ -253,4 +256,5 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
                         lora_modules=tuple(args.lora_modules), runtime_lora=args.allow_runtime_lora_updating,
                         send_timeout_s=args.send_timeout, max_stream_buffer_chars=args.max_stream_buffer,
-                        limits=request_limits(args), grammar=grammar_limits(args), preprocess=preprocess_limits(args))
+                        access_log=args.access_log, limits=request_limits(args), grammar=grammar_limits(args),
+                        preprocess=preprocess_limits(args))

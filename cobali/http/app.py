@@ -19,6 +19,7 @@ from cobali.frontend.generation import EngineUnavailable, GenerationError
 from cobali.frontend.interface import SlotState
 from cobali.frontend.request_limits import OverLimit
 from cobali.frontend.work_pool import WorkPool
+from cobali.http.collector import serving_pace
 from cobali.http.config import ServerConfig
 from cobali.http.middleware import add_front_door
 from cobali.http.parse import document_bodies
@@ -121,7 +122,8 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         client.start()
         metrics.loop_lag.start()
-        yield
+        with serving_pace():  # the collector paced for bursts of short-lived objects (cobali.http.collector)
+            yield
         await metrics.loop_lag.stop()
         await asyncio.to_thread(client.stop)  # joining must not block the loop it reports to
         pool.close()

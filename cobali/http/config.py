@@ -58,6 +58,7 @@ class ServerConfig:
     preprocess: PreprocessLimits = field(default_factory=PreprocessLimits)  # --preprocess-workers, -timeout, ...
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S  # --send-timeout: a stream's client must read within it
     max_stream_buffer_chars: int = DEFAULT_MAX_STREAM_BUFFER_CHARS  # --max-stream-buffer: text held per stream
+    access_log: bool = True  # --access-log/--no-access-log: uvicorn's line per request
 
     def __post_init__(self) -> None:
         if self.stream_interval < 1:

@@ -146,6 +146,7 @@ def _server(app: FastAPI, settings: ServerConfig, on_exit: Callable[[], None]) -
     # The engine aborts what is left when the grace period ends, and the clients get a 503; uvicorn's own
     # timeout, which cancels handlers outright, is only a backstop.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            access_log=settings.access_log,
                             timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + 5,
                             ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile)
     # uvicorn re-raises the SIGTERM it caught once its shutdown is done, under the handler it found: make
