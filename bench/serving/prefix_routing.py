@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import time
 from collections.abc import Sequence
@@ -55,7 +56,7 @@ COUNTERS = (HITS, QUERIES, "cobali:tick_duration_seconds_count", "cobali:tick_du
             "cobali:iteration_tokens_sum", "cobali:time_to_first_token_seconds_sum",
             "cobali:time_to_first_token_seconds_count")
 HEADER = f"{'router':>10} {'requests':>8} {'lost':>5} {'hit':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'req/s':>7} " \
-         f"{'out tok/s':>9}   (TTFT in ms)"
+         f"{'out tok/s':>9} {'bg CPUs':>7}   (TTFT in ms; bg: what the host spent besides the ticks)"
 
 
 class TextSide:
@@ -90,9 +91,36 @@ async def run_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
     return {name: counter_sum(page, name) for name in COUNTERS}
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds used so far by a process and all its descendants (a local Ray cluster's GCS, raylet and
+    workers descend from the `cobali serve` that started it)."""
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+            except OSError:  # it ended meanwhile
+                continue
+            parents[int(entry)] = int(fields[1])
+            used[int(entry)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    inside = {root}
+    grew = True  # a child's pid is not always above its parent's: sweep until nothing is added
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in inside and pid not in inside:
+                inside.add(pid)
+                grew = True
+    return sum(used.get(pid, 0.0) for pid in inside)
+
+
 async def run_chats(url: str, requests: Sequence[ChatRequest], offsets: Sequence[float],
-                    timeout_s: float = 1800) -> dict:
-    """Send each request at its offset; the summary of what came back."""
+                    timeout_s: float = 1800, server_pid: int | None = None) -> dict:
+    """Send each request at its offset; the summary of what came back. Given the server's process, also the
+    CPUs that the host spent besides the engines' ticks (the server's processes and this client, less the ticks'
+    seconds): what `cobali simulate --host-background` takes."""
+    cpu0 = (tree_cpu_s(server_pid), time.process_time()) if server_pid is not None else None
     limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=10.0)) as client:
         before = await run_counters(client, url)
@@ -107,7 +135,10 @@ async def run_chats(url: str, requests: Sequence[ChatRequest], offsets: Sequence
 
         records = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
         after = await run_counters(client, url)
+        wall = time.perf_counter() - wall0
     ran = {name: after[name] - before[name] for name in COUNTERS}
+    spent = None if cpu0 is None or server_pid is None else \
+        tree_cpu_s(server_pid) - cpu0[0] + time.process_time() - cpu0[1]
     summary = summarize(records, wall0, ran[HITS] / ran[QUERIES] if ran[QUERIES] > 0 else 0.0,
                         requests[0].max_tokens if requests else 0)
     engine_ttfts = ran["cobali:time_to_first_token_seconds_count"]
@@ -115,7 +146,8 @@ async def run_chats(url: str, requests: Sequence[ChatRequest], offsets: Sequence
                    batch_tokens=int(ran["cobali:iteration_tokens_sum"]),
                    # From the engine's arrival: set beside the client's mean, the front door's share.
                    engine_ttft_mean_ms=ran["cobali:time_to_first_token_seconds_sum"] / engine_ttfts * 1e3
-                   if engine_ttfts else None)
+                   if engine_ttfts else None,
+                   host_background=None if spent is None else (spent - ran["cobali:tick_duration_seconds_sum"]) / wall)
     return summary
 
 
@@ -145,7 +177,8 @@ def first_seen_order(names: Sequence[str | None]) -> list[int | None]:
 def row(router: str, s: dict) -> str:
     p50, p90 = (f"{s[k]:>9.0f}" if s[k] is not None else f"{'-':>9}" for k in ("ttft_p50_ms", "ttft_p90_ms"))
     return (f"{router:>10} {s['requests']:>8} {s['lost']:>5} {s['prefix_hit_rate']:>7.1%} {p50} {p90} "
-            f"{s['requests_per_s']:>7.2f} {s['output_tok_s']:>9.1f}")
+            f"{s['requests_per_s']:>7.2f} {s['output_tok_s']:>9.1f} "
+            + (f"{s['host_background']:>7.2f}" if s.get("host_background") is not None else f"{'-':>7}"))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -162,6 +195,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--startup-s", type=positive_float, default=300, help="--launch: wait for /health this long")
     parser.add_argument("--model", default=None, help="GGUF whose template and tokenizer size and render the chats "
                                                       "(default: the embedded model, as the server's)")
+    parser.add_argument("--sim-flags", default="",
+                        help="--sim: more `cobali simulate` flags, e.g. --host-cores 2 --host-background 0.3")
     parser.add_argument("--profile", default="cpu-1thread-smollm2",
                         help="--sim: the cost profile (default: this project's VM on one thread, as a replica runs)")
     shape = ChatShape()
@@ -221,8 +256,8 @@ def run_seed(args: argparse.Namespace, text: TextSide, shape: ChatShape, seed: i
         if args.launch:
             flags = ["--replicas", str(args.replicas), "--threads", str(args.threads), "--router", router,
                      *shlex.split(args.serve_flags)]
-            with started_server(flags, args.startup_s) as (url, _):
-                summaries[router] = asyncio.run(run_chats(url, requests, offsets))
+            with started_server(flags, args.startup_s) as (url, server):
+                summaries[router] = asyncio.run(run_chats(url, requests, offsets, server_pid=server.pid))
         else:
             summaries[router] = asyncio.run(run_chats(args.url.rstrip("/"), requests, offsets))
         print(row(router, summaries[router]), flush=True)
@@ -238,7 +273,8 @@ def pooled(runs: Sequence[dict]) -> dict:
     ttft = [t for run in runs for t in run["ttft_ms"] if t is not None]
     summed = {key: sum(run[key] for run in runs) for key in ("requests", "lost", "ticks", "tick_s", "batch_tokens")}
     means = {key: float(np.mean([run[key] for run in runs]))
-             for key in ("prefix_hit_rate", "requests_per_s", "output_tok_s", "wall_s")}
+             for key in ("prefix_hit_rate", "requests_per_s", "output_tok_s", "wall_s", "host_background")
+             if all(run.get(key) is not None for run in runs)}
     return {**summed, **means, "ttft_mean_ms": float(np.mean(ttft)) if ttft else None,
             "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
             "ttft_p90_ms": float(np.percentile(ttft, 90)) if ttft else None, "seeds": list(runs)}

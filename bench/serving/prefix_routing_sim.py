@@ -33,7 +33,7 @@ def sim_args(args: argparse.Namespace, router: str, seed: int) -> argparse.Names
     parser = argparse.ArgumentParser(prog="cobali")
     face.register(parser.add_subparsers())
     argv = ["simulate", "--profile", args.profile, "--replicas", str(args.replicas), "--threads", str(args.threads),
-            *shlex.split(args.serve_flags), "--router", router, "--seed", str(seed)]
+            *shlex.split(args.serve_flags), *shlex.split(args.sim_flags), "--router", router, "--seed", str(seed)]
     known, unknown = parser.parse_known_args(argv)
     if unknown:
         print(f"the simulator ignores {' '.join(unknown)}")
@@ -84,7 +84,8 @@ COMPARED = ("prefix_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_mean_ms", "re
 
 def print_comparison(real: dict[str, dict], simulated: dict[str, dict]) -> None:
     """Simulated over real, for each router run both ways (pooled over the seeds, then each seed where both ran
-    the same ones): the issue's bar is 15 %."""
+    the same ones): the issue's bar is 15 %. Then the CPUs the real runs' host spent besides the engines' ticks,
+    for the simulator's --host-background."""
     print(f"simulated / real: {'router':>10} " + " ".join(f"{name:>14}" for name in COMPARED))
     for router in (r for r in simulated if r in real):
         pairs = [(router, simulated[router], real[router])]
@@ -95,3 +96,7 @@ def print_comparison(real: dict[str, dict], simulated: dict[str, dict]) -> None:
             ratios = [f"{sim[k] / run[k]:>14.2f}" if sim.get(k) is not None and run.get(k) else f"{'-':>14}"
                       for k in COMPARED]
             print(f"{'':>18}{label:>10} " + " ".join(ratios))
+    measured = {router: run["host_background"] for router, run in real.items() if run.get("host_background")}
+    if measured:
+        print("the real runs' host background, CPUs: " + ", ".join(f"{r} {b:.2f}" for r, b in measured.items())
+              + f"; mean {np.mean(list(measured.values())):.2f}")

@@ -13,7 +13,8 @@ device only (no host tier: --host-cache-mib) as vLLM's pods in llm-d's test. Rou
 (the fewest queued tokens, exact and live: the simulator's default), least-busy (power of two choices on requests
 in flight, Ray Serve's default), text (frontend/text_prefix_routing.py: a character-level tree of what was sent
 each replica, over a stand-in text of the tokens) and kv (frontend/prefix_routing.py, on digests reported every
---report-period s). Figures are in virtual time.
+--routing-stats-period s, weighed by --router-weights and --router-balance as `cobali serve` takes them). Figures
+are in virtual time.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from cobali.config.serve_flags import add_kv_router_args
 from cobali.engine.costs import load_profile
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.prefix_routing import RoutingConfig
@@ -54,8 +56,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--n-batch", type=int, default=2048)
     parser.add_argument("--kv-cells", type=int, default=262144, help="per replica, one unified pool")
     parser.add_argument("--host-cache-mib", type=int, default=0)
-    parser.add_argument("--report-period", type=float, default=RoutingConfig.report_period_s, metavar="S")
-    parser.add_argument("--balance-abs", type=int, default=RoutingConfig.balance_abs)
+    add_kv_router_args(parser)  # kv's settings, as `cobali serve` and `cobali simulate` take them
     parser.add_argument("--imbalance", type=int, default=TextRoutingConfig.imbalance, help="text's balance threshold")
     parser.add_argument("--max-chars", type=int, default=TextRoutingConfig.max_chars, help="text's tree per replica")
     parser.add_argument("--seed", type=int, default=0)
@@ -96,7 +97,7 @@ def main() -> None:
                    chars_per_token=profile.chars_per_token)
     routings = {"least-tokens": None, "least-busy": PowerOfTwo(),
                 "text": TextRoutingConfig(imbalance=args.imbalance, max_chars=args.max_chars),
-                "kv": RoutingConfig(report_period_s=args.report_period, balance_abs=args.balance_abs)}
+                "kv": RoutingConfig().tuned(args.router_weights, args.router_balance, args.routing_stats_period)}
     n_vocab = SimBackend(base.costs).n_vocab
     print(f"{'replicas':>8} {'router':>13} {'requests':>8} {'TTFT p50':>9} {'TTFT p90':>9} {'req/s':>8} "
           f"{'out tok/s':>9} {'hit':>7} {'by load':>7} {'sim s':>7}   (TTFT in ms)")

@@ -41,6 +41,7 @@ from cobali.harness.latency import format_summary, write_json
 from cobali.harness.workloads import arrival_offsets, random_items
 from cobali.sim.backend import SimBackend
 from cobali.sim.cluster import SimItem, SimResult, SimSpec, simulate
+from cobali.sim.host import SharedHost
 from cobali.sim.plan import Trial, plan_replicas
 from cobali.sim.routers import PowerOfTwo
 
@@ -57,6 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "measured from the model's tokenizer by calibrate; 4 if it has none)")
     parser.add_argument("--replicas", type=positive_int, default=1, help="independent engines behind --router")
     add_routing_args(parser)
+    parser.add_argument("--host-cores", type=positive_float, default=None,
+                        help="the replicas share one host of this many CPUs: while several compute, each tick "
+                             "slows as they and --host-background outgrow it (default: each replica has CPUs of "
+                             "its own, as its --profile was calibrated)")
+    parser.add_argument("--host-background", type=non_negative_float, default=0.0,
+                        help="CPUs of the shared host that other processes keep busy (Ray, the ingress, clients)")
     parser.add_argument("--plan", action="store_true", help="find the fewest replicas meeting --target-ttft-p99")
     parser.add_argument("--target-ttft-p99", type=positive_float, default=None, metavar="MS",
                         help="TTFT p99 target for --plan (ms)")
@@ -111,7 +118,16 @@ def sim_spec(args: argparse.Namespace) -> SimSpec:
     profile = load_profile(args.profile)
     return SimSpec(profile, config, n_ctx_seq, llama.kv_unified, args.replicas,
                    chars_per_token=args.chars_per_token or profile.chars_per_token, routing=routing_config(args),
-                   seed=args.seed)
+                   seed=args.seed, host=shared_host(args))
+
+
+def shared_host(args: argparse.Namespace) -> SharedHost | None:
+    if args.host_cores is None:
+        if args.host_background:
+            raise ValueError(f"--host-background {args.host_background:g} needs --host-cores")
+        return None
+    # --threads 0 takes every core of the host, as llama.cpp's default does
+    return SharedHost(args.host_cores, args.host_background, args.threads or max(1, int(args.host_cores)))
 
 
 def sim_workload(args: argparse.Namespace, spec: SimSpec) -> tuple[list[SimItem], np.ndarray]:

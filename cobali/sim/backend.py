@@ -48,6 +48,7 @@ class SimBackend(FakeBackend):
         self.chars_per_token = chars_per_token
         self.n_calls = 0
         self.busy_s = 0.0
+        self.slowdown = 1.0  # the next ticks take this many times the profile's time (cobali.sim.host)
         self._vocab = np.arange(n_vocab, dtype=np.float32)
 
     def decode(self, tokens, positions, seq_ids, want_logits) -> np.ndarray:
@@ -60,6 +61,7 @@ class SimBackend(FakeBackend):
         toks, pos, seqs = tokens.tolist(), positions.tolist(), seq_ids.tolist()
         want = want_logits.astype(bool).tolist()
         runs, seconds = self._plan_runs(seq_ids, pos)
+        seconds *= self.slowdown
         for start, end, seq in runs:
             self.kv[seq].extend(toks[start:end])
         # Only the last batch is kept: the fake's non-greedy sampler reads its want_logits.

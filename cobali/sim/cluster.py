@@ -29,6 +29,7 @@ from cobali.frontend.text_prefix_routing import TextRoutingConfig
 from cobali.harness.driver import user_cpu_seconds
 from cobali.harness.latency import RequestTiming, request_timing, summarize_timings
 from cobali.sim.backend import SimBackend
+from cobali.sim.host import SharedHost, run_together
 from cobali.sim.routers import PowerOfTwo, TextRouting, TwoChoices
 from cobali.sim.routing import KvRouting
 
@@ -46,6 +47,7 @@ class SimSpec:
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN  # how text prompts become simulated tokens
     routing: RoutingConfig | TextRoutingConfig | PowerOfTwo | None = None  # None: to the fewest queued tokens
     seed: int = 0  # the routers' draws
+    host: SharedHost | None = None  # None: each replica on CPUs of its own
 
 
 @dataclass(frozen=True)
@@ -100,19 +102,34 @@ class Replica:
         self.routed_work += work
         self.routed += 1
 
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    @property
+    def has_work(self) -> bool:
+        return self.llm.has_work
+
     def run_until(self, t: float) -> list[int]:
         """Step until the clock reaches t (or the work ends); the requests that finished meanwhile."""
         ended = []
         while self.llm.has_work and self.clock.now < t:
-            for index, output in self.llm.step():
-                assert isinstance(index, int)
-                ended.append(index)
-                self.outstanding -= self._cost.pop(index)
-                self.routed_work -= self._work.pop(index)
-                stats = output.stats
-                assert stats is not None
-                self.finished[index] = Finished(request_timing(stats), stats.n_prompt_tokens, stats.n_output_tokens,
-                                                output.error is not None)
+            ended += self.step()
+        return ended
+
+    def step(self, slowdown: float = 1.0) -> list[int]:
+        """One tick, `slowdown` times as long as the profile's; the requests that finished in it."""
+        self.backend.slowdown = slowdown
+        ended = []
+        for index, output in self.llm.step():
+            assert isinstance(index, int)
+            ended.append(index)
+            self.outstanding -= self._cost.pop(index)
+            self.routed_work -= self._work.pop(index)
+            stats = output.stats
+            assert stats is not None
+            self.finished[index] = Finished(request_timing(stats), stats.n_prompt_tokens, stats.n_output_tokens,
+                                            output.error is not None)
         return ended
 
     def _on_tick(self, record: TickRecord) -> None:
@@ -182,7 +199,7 @@ def simulate(items: Sequence[SimItem], arrivals: Sequence[float], spec: SimSpec,
     routing = make_routing(spec)
     engines = [r.engine for r in replicas]
     for index, (item, t) in enumerate(zip(items, arrivals, strict=True)):
-        ended = [i for replica in replicas for i in replica.run_until(t)]
+        ended = run_all_until(replicas, t, spec.host)
         if isinstance(routing, KvRouting):
             routing.finished(ended)
         if stop is not None and stop.reached(finished):
@@ -200,12 +217,19 @@ def simulate(items: Sequence[SimItem], arrivals: Sequence[float], spec: SimSpec,
         replicas[picked].arrive(index, item, t, work)
         placements[index] = picked
     else:
-        for replica in replicas:
-            replica.run_until(float("inf"))
+        run_all_until(replicas, float("inf"), spec.host)
     end = max(r.clock.now for r in replicas)
     start = arrivals[0] if len(arrivals) else 0.0
     return SimResult(finished, replicas, end - start, time.perf_counter() - wall0, user_cpu_seconds() - cpu0, routing,
                      placements)
+
+
+def run_all_until(replicas: list[Replica], t: float, host: SharedHost | None) -> list[int]:
+    """Every replica stepped until its clock reaches t; the requests that ended. On a shared host in time order,
+    each tick slowed by the others computing beside it; else one replica after another (none affects another)."""
+    if host is not None:
+        return run_together(replicas, t, host)
+    return [i for replica in replicas for i in replica.run_until(t)]
 
 
 def make_routing(spec: SimSpec) -> Routing | None:

@@ -197,5 +197,6 @@ def test_prefix_routing_runs_against_cobali_serve_and_in_the_simulator() -> None
              "--answer-words", "4", "--max-tokens", "2", "--rate", "20"]
     with running_server("--max-slots", "2") as (base, _):
         check(run_script("serving/prefix_routing.py", ["--url", base, *shape]), "server        8     0")
-    check(run_script("serving/prefix_routing.py", ["--sim", "--serve-flags", "--max-slots 2", *shape]),
+    check(run_script("serving/prefix_routing.py", ["--sim", "--serve-flags", "--max-slots 2", "--sim-flags",
+                                                   "--host-cores 2 --host-background 0.2", *shape]),
           "kv        8     0")
