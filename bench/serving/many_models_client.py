@@ -6,7 +6,6 @@ RSS of the server's child processes (one per loaded model in both cobali and lla
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 import httpx
+from proc_tree import tree_rss
 
 from cobali.harness.driver import user_cpu_seconds
 from cobali.harness.serve_client import ClientRecord, ServeOptions, ServeResult, endpoints, request_body, stream_one
@@ -23,7 +23,6 @@ from cobali.harness.workloads import WorkItem
 PROMPT = "Name three colors."
 RESIDENT = ("loaded", "loading", "unloading", "sleeping")  # a model process is up (llama-server also sleeps)
 LOADS, EVICTIONS = "cobali:model_loads_total", "cobali:model_evictions_total"
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class Missing(Exception):
@@ -99,29 +98,6 @@ async def model_counters(client: httpx.AsyncClient) -> dict[str, float] | None:
     return totals
 
 
-def descendants_rss(root: int) -> dict[int, int]:
-    """Resident bytes of every descendant of `root` (not root itself), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    ppid = int(f.read().rpartition(")")[2].split()[1])  # the name may hold spaces; it ends at ')'
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile
-            children.setdefault(ppid, []).append(int(entry.name))
-    rss, todo = {}, list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, ())
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                rss[pid] = int(f.read().split()[1]) * PAGE
-        except OSError:
-            continue
-    return rss
-
-
 @dataclass
 class Watch:
     """What one phase saw of the server's memory and model processes."""
@@ -150,7 +126,7 @@ async def _sample(client: httpx.AsyncClient, pid: int | None, watch: Watch, inte
         if reported is not None:
             watch.max_reported_bytes = max(watch.max_reported_bytes or 0, reported)
         if pid is not None:
-            rss = descendants_rss(pid)
+            rss = tree_rss(pid)
             watch.max_children_rss_bytes = max(watch.max_children_rss_bytes or 0, sum(rss.values()))
             if known is not None:
                 watch.started |= rss.keys() - known

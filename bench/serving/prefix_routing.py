@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shlex
 import time
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from prefix_workload import ChatRequest, ChatShape, chat_requests
+from proc_tree import tree_cpu_s
 from soak import started_server
 
 from cobali.backends.llama_cpp.config import LlamaCppConfig
@@ -89,30 +89,6 @@ def counter_sum(page: str, name: str) -> float:
 async def run_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
     page = (await client.get(f"{url}/metrics")).text
     return {name: counter_sum(page, name) for name in COUNTERS}
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds used so far by a process and all its descendants (a local Ray cluster's GCS, raylet and
-    workers descend from the `cobali serve` that started it)."""
-    parents: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
-            except OSError:  # it ended meanwhile
-                continue
-            parents[int(entry)] = int(fields[1])
-            used[int(entry)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    inside = {root}
-    grew = True  # a child's pid is not always above its parent's: sweep until nothing is added
-    while grew:
-        grew = False
-        for pid, parent in parents.items():
-            if parent in inside and pid not in inside:
-                inside.add(pid)
-                grew = True
-    return sum(used.get(pid, 0.0) for pid in inside)
 
 
 async def run_chats(url: str, requests: Sequence[ChatRequest], offsets: Sequence[float],

@@ -185,7 +185,8 @@ def test_every_script_is_run_or_excused() -> None:
                                       f"gone: {sorted(set(accounted) - scripts)}"
 
 
-PREFIX_ROUTING = ("serving/prefix_routing.py", "serving/prefix_routing_sim.py", "serving/prefix_workload.py")
+PREFIX_ROUTING = ("serving/prefix_routing.py", "serving/prefix_routing_sim.py", "serving/prefix_workload.py",
+                  "serving/proc_tree.py")
 RUN_BY_TESTS_BELOW += PREFIX_ROUTING  # the test below; its --launch starts Ray, which the smoke run does not
 
 
