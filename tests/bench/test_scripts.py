@@ -51,6 +51,7 @@ SMOKE = [
     Run("engine/admission_cost.py", "--slots 16 64 --cycles 20 --repeats 1", "assign_us", model=False),
     Run("engine/routing_report.py", "--slots 4 --prefix-tokens 128 --host-prefixes 2", "busy  repeat", model=False),
     Run("engine/admission_sources.py", "--slots 4 16 --cycles 3 --repeats 1", "per admission", model=False),
+    Run("engine/detok_cost.py", "--tokens 500 --repeats 1", "µs/token"),
     Run("engine/backend_sampling_churn.py", "--slots 2 --threads 1 --ticks 2", "attached or detached"),
     Run("engine/costfit_convergence.py", "--prompts {prompts} --max-new 4 --threads 1 --out {tmp}", "ticks.csv"),
     Run("engine/decode_throughput.py", "--max-slots 2 --prompt-tokens 8 --gen-tokens 4 --threads 1 "
