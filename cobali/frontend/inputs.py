@@ -82,6 +82,13 @@ class InputProcessor:
             source = dataclasses.replace(source, text=self._chat_template)
         return ChatPrompter(source, self.tokenizer.apply_chat_template, self.max_prompt_chars)
 
+    @property
+    def chat_ready(self) -> bool:
+        """Whether what a chat request needs first is built: the template, the reply parsers and their control
+        tokens (functools.cached_property keeps each in the instance's dict once built). Till then a chat request
+        is prepared on a worker, where they are built (cobali.http.routes.chat)."""
+        return {"prompter", "parsers", "_preserved"} <= vars(self).keys()
+
     @functools.cached_property
     def max_prompt_chars(self) -> int:
         """Characters past which no prompt fits the context: a chat template stops writing there."""

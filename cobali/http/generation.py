@@ -1,7 +1,8 @@
 """The HTTP side of the generation path every generating route shares: the body parsed and its inputs prepared
-(cobali.frontend.inputs) within the operator's limits, in one job on the worker pool unless the queue is full, the
-generation submitted to the engine client (cobali.frontend.client), the reply whole (read off the loop) or
-streamed. A route parses its body, builds its choices, and renders its reply; the rest is here."""
+(cobali.frontend.inputs) within the operator's limits, in one job on the worker pool unless the queue is full (on
+the loop for a short body that asks for no grammar: cobali.http.parse), the generation submitted to the engine
+client (cobali.frontend.client), the reply whole (read off the loop) or streamed. A route parses its body, builds
+its choices, and renders its reply; the rest is here."""
 
 from __future__ import annotations
 
@@ -83,12 +84,18 @@ def refuse_when_full(http: Request) -> None:
         client.check_room(1)
 
 
+# The most choices (prompts x n) a body prepared on the event loop may ask for: each is its sampling params.
+INLINE_CHOICES = 8
+
+
 async def prepared_body(http: Request, model: type[G], n_prompts: Callable[[G], int],
-                        prepare: Callable[[InputProcessor, G], T]) -> tuple[G, InputProcessor, T]:
+                        prepare: Callable[[InputProcessor, G], T],
+                        light: Callable[[G], bool] = lambda _body: True) -> tuple[G, InputProcessor, T]:
     """A generation route's body parsed, and prepare(inputs, body) (tokenizing, the chat template, the grammar)
     once it is within the limits: one job on the worker pool, unless the queue is already full. Answered in the
     order every route answers: the body's 400, the model's 404, the engine's 503, a limit's 400, a full queue's
-    429. One job, not two: a hop costs the loop more than parsing a short body does."""
+    429. One job, not two: a hop costs the loop more than parsing a short body does; and none for a short body
+    (cobali.http.parse) that asks for no grammar and few choices, and that the route's light(body) passes."""
     refuse_when_full(http)
 
     def then(body: G) -> tuple[G, InputProcessor, T]:
@@ -96,7 +103,10 @@ async def prepared_body(http: Request, model: type[G], n_prompts: Callable[[G], 
         within_limits(http, inputs, body, n_prompts(body))
         return body, inputs, prepare(inputs, body)
 
-    return await parse_then(http, model, then)
+    def inline(body: G) -> bool:
+        return not body.asks_grammar() and n_prompts(body) * body.n <= INLINE_CHOICES and light(body)
+
+    return await parse_then(http, model, then, inline)
 
 
 def submit(http: Request, body: GenerationRequest, prepared: Choices) -> Generation:

@@ -5,6 +5,11 @@ for a `body: Model` parameter, would stall every stream the server is sending. S
 and awaits parse_body, which does what FastAPI would do, answer for answer, on a worker: the same content-type
 rule, the same `json.loads`, the same validation (Python mode, as FastAPI's), the same 400s. Its body still
 appears in /openapi.json: the route's openapi_extra is json_body(Model), and document_bodies adds the schemas.
+
+A body of at most INLINE_BODY_BYTES whose route says its work is light (parse_then's `inline`) is parsed and
+prepared on the loop instead: the hop to a worker and back (a queue put that wakes a thread, a thread-safe callback
+that wakes the loop, and the two threads trading the GIL) cost the loop more than such a body's work, and at
+hundreds of short requests a second it was a third of the server's CPU (docs/results.md, issue 46).
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from cobali.frontend.work_pool import client_of
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
+# The most a body handled on the event loop may weigh: its JSON parse, validation, tokenizing and limit checks are
+# linear in it, tens of microseconds at this size, so the loop's worst case for one such request stays bounded.
+INLINE_BODY_BYTES = 2048
 REF_PREFIX = "#/components/schemas/"
 _MODELS: dict[str, type[BaseModel]] = {}  # every model a route's json_body names, by its schema's name
 
@@ -37,10 +45,20 @@ async def parse_body(http: Request, model: type[M]) -> M:
     return await parse_then(http, model, _itself)
 
 
-async def parse_then(http: Request, model: type[M], then: Callable[[M], T]) -> T:
-    """then(body) on the worker that parsed it: more of the route's O(body) work kept off the loop."""
+async def parse_then(http: Request, model: type[M], then: Callable[[M], T],
+                     inline: Callable[[M], bool] | None = None) -> T:
+    """then(body) on the worker that parsed it: more of the route's O(body) work kept off the loop. A body of at
+    most INLINE_BODY_BYTES is parsed here when the route gives `inline`, and then(body) runs here too when
+    inline(body) says it is light (its cost bounded by the body's size); else on a worker."""
     raw = await http.body()  # read whole already: BodyLimit bounded and buffered it
-    work = functools.partial(_parsed, model, raw, http.headers.get("content-type"), then)
+    content_type = http.headers.get("content-type")
+    if inline is not None and len(raw) <= INLINE_BODY_BYTES:
+        body = validated(model, raw, content_type)
+        if inline(body):
+            return then(body)
+        work = functools.partial(then, body)
+    else:
+        work = functools.partial(_parsed, model, raw, content_type, then)
     return await http.app.state.server.pool.run(client_of(http), work)
 
 
@@ -74,6 +92,7 @@ def validated(model: type[M], raw: bytes, content_type: str | None) -> M:
         raise validation_error(err) from None
 
 
+@functools.lru_cache(maxsize=64)  # a client sends one content type again and again; parsing it was ~3 % of the loop
 def _is_json(content_type: str) -> bool:
     message = email.message.Message()
     message["content-type"] = content_type

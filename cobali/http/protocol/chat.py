@@ -158,6 +158,10 @@ class ChatCompletionRequest(GenerationRequest):
         copy._call_format = calls  # noqa: SLF001 (a copy of its own class)
         return copy
 
+    def asks_grammar(self) -> bool:
+        """Tools count: each one's schema is checked, and a forced call is a grammar."""
+        return super().asks_grammar() or bool(self.tools)
+
     def forced_tools(self) -> list[Tool]:
         """The tools one of which the output must call (by grammar): [] when the model may answer in text."""
         if isinstance(self.tool_choice, NamedToolChoice):

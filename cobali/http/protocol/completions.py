@@ -105,6 +105,9 @@ class GenerationRequest(StructuredRequest):
             raise ValueError("stop must be non-empty strings")
         return self
 
+    def asks_grammar(self) -> bool:
+        return super().asks_grammar() or (self.response_format is not None and self.response_format.type != "text")
+
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()

@@ -114,6 +114,11 @@ class StructuredRequest(RequestBody):
     grammar: str | None = None  # llama-server
     json_schema: dict[str, Any] | bool | None = None  # llama-server
 
+    def asks_grammar(self) -> bool:
+        """Whether the output is constrained: a grammar to build and compile, never on the event loop however
+        short the body (a short regex or schema can compile to a large automaton)."""
+        return any(getattr(self, name) is not None for name in _GRAMMARS)
+
     def structured_grammar(self, response_format_grammar: str | None) -> str | None:
         """The one grammar asked for (response_format's, already built, included); ValueError for several."""
         grammars = {name: build(getattr(self, name), name) for name, build in _GRAMMARS.items()

@@ -9,6 +9,7 @@ import functools
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from cobali.frontend.generation import EngineUnavailable
 from cobali.frontend.inputs import ChatChoices, InputProcessor, ReplyReader
 from cobali.frontend.request_limits import RequestLimits
 from cobali.http.disconnect import cancelled_on_disconnect
@@ -32,8 +33,19 @@ def chat_prompt(inputs: InputProcessor, body: ChatCompletionRequest, limits: Req
 @cancelled_on_disconnect
 async def chat_completions(http: Request) -> Response:
     body, inputs, prepared = await prepared_body(http, ChatCompletionRequest, one_prompt,
-                                                 functools.partial(chat_choices, http))
+                                                 functools.partial(chat_choices, http),
+                                                 functools.partial(_template_compiled, http))
     return await generate(http, inputs, body, prepared.choices, dataclasses.replace(CHAT, replies=prepared.replies))
+
+
+def _template_compiled(http: Request, _body: ChatCompletionRequest) -> bool:
+    """Whether the chat template and the reply parsers it picks are built: the first chat request builds them on
+    a worker (a template compiles slowly); till then none is prepared on the event loop (prepared_body)."""
+    try:
+        inputs = http.app.state.server.inputs()
+    except EngineUnavailable:
+        return False  # the route's 503, answered from its job
+    return inputs.chat_ready
 
 
 def one_prompt(_body: ChatCompletionRequest) -> int:
@@ -42,7 +54,8 @@ def one_prompt(_body: ChatCompletionRequest) -> int:
 
 def chat_choices(http: Request, inputs: InputProcessor, body: ChatCompletionRequest) -> ChatChoices:
     """The prompt through the template, tokenized, the choices' params (a forced call in the model's own
-    format), and how their replies are read: on the worker pool."""
+    format), and how their replies are read: on the worker pool, or on the loop for a short light body
+    (prepared_body)."""
     limits = http.app.state.server.config.limits
     prompt = chat_prompt(inputs, body, limits)
     tokens = inputs.prompt_tokens(prompt, "messages", body.truncate_prompt_tokens)

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from cobali.backends.base import EmbeddingLimits, TemplateSource
 from cobali.backends.fake import FakeBackend
 from cobali.frontend.client import EngineClient
+from cobali.http import parse
 from tests.unit.http.test_parse_off_loop import BODIES
 from tests.unit.http.test_server_api import N_CTX_SEQ, fake_app, fake_engine, wait_healthy
 
@@ -69,7 +70,9 @@ class WatchedBackend(FakeBackend):
 
 
 @pytest.fixture
-def watched() -> Iterator[tuple[TestClient, WatchedBackend]]:
+def watched(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, WatchedBackend]]:
+    # Every body as one over the bound: a short light one is tokenized on the loop (test_inline_prepare.py)
+    monkeypatch.setattr(parse, "INLINE_BODY_BYTES", -1)
     backend = WatchedBackend()
     with TestClient(fake_app(fake_engine(backend), "fake-model", runtime_lora=True)) as client:
         wait_healthy(client)

@@ -1,6 +1,7 @@
 """Issue 36: a request body (up to --max-body-bytes of JSON) is parsed and validated on the worker pool, never on
 the event loop, for every POST route the server documents; so are the route's O(body) limit checks. Checked by
-where the work runs (a thread with no running event loop), not by timing it."""
+where the work runs (a thread with no running event loop), not by timing it. Short light bodies are the exception
+(issue 46, test_inline_prepare.py): here every body counts as one over the bound."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def _recording(calls: list[tuple[str, bool]], name: str, real: Callable[..., Any
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, list[tuple[str, bool]]]]:
     """A client, and (what ran, whether on an event loop's thread) for the body's parse and the limit checks."""
     calls: list[tuple[str, bool]] = []
+    # Every body here as one over parse.INLINE_BODY_BYTES (short light ones stay on the loop)
+    monkeypatch.setattr(parse, "INLINE_BODY_BYTES", -1)
     monkeypatch.setattr(parse, "validated", _recording(calls, "parse", parse.validated))
     monkeypatch.setattr(generation, "check_request", _recording(calls, "check_request", generation.check_request))
     monkeypatch.setattr(tokenizer_routes, "check_tools", _recording(calls, "check_tools", request_limits.check_tools))
@@ -94,7 +97,7 @@ def test_a_body_parsed_on_the_loop_is_caught(recorded, monkeypatch: pytest.Monke
     """The planted bug: parse_then without the pool. The check above must see it."""
     client, calls = recorded
 
-    async def inline(http, model, then):  # type: ignore[no-untyped-def]
+    async def inline(http, model, then, _light=None):  # type: ignore[no-untyped-def]
         return parse._parsed(model, await http.body(), http.headers.get("content-type"), then)
 
     monkeypatch.setattr(parse, "parse_then", inline)

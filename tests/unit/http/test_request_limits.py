@@ -23,6 +23,7 @@ from cobali.engine.detok import TextStream
 from cobali.engine.engine import Engine
 from cobali.engine.engine_config import EngineConfig
 from cobali.frontend.request_limits import PreprocessLimits, RequestLimits
+from cobali.http import parse
 from cobali.structured.limits import GrammarLimits
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
@@ -183,7 +184,8 @@ def client_at(app: FastAPI, host: str) -> httpx.AsyncClient:
 SLOW = {"prompt": "slow", "max_tokens": 1}
 
 
-def test_tokenizing_runs_off_the_event_loop() -> None:
+def test_tokenizing_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse, "INLINE_BODY_BYTES", -1)  # a short body on the pool too, as a long one is
     app = pooled_app(SlowBackend())
 
     async def main() -> None:
@@ -198,7 +200,8 @@ def test_tokenizing_runs_off_the_event_loop() -> None:
     asyncio.run(main())
 
 
-def test_work_over_the_timeout_is_a_400_and_work_that_never_starts_a_503() -> None:
+def test_work_over_the_timeout_is_a_400_and_work_that_never_starts_a_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse, "INLINE_BODY_BYTES", -1)  # a short body on the pool too, as a long one is
     app = pooled_app(SlowBackend(), preprocess=PreprocessLimits(workers=1, timeout_s=0.2))
 
     async def main() -> None:
@@ -215,7 +218,8 @@ def test_work_over_the_timeout_is_a_400_and_work_that_never_starts_a_503() -> No
     asyncio.run(main())
 
 
-def test_one_client_filling_its_share_gets_429_while_another_is_served() -> None:
+def test_one_client_filling_its_share_gets_429_while_another_is_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse, "INLINE_BODY_BYTES", -1)  # a short body on the pool too, as a long one is
     app = pooled_app(SlowBackend(), preprocess=PreprocessLimits(workers=2, timeout_s=5, client_queue=2))
 
     async def main() -> None:

@@ -26,6 +26,7 @@ from cobali.frontend.cancels import only_our_cancel
 from cobali.frontend.generation import Generation, StreamOverflow
 from cobali.frontend.interface import RequestOutput
 from cobali.http import generation as pipeline
+from cobali.http import parse
 from cobali.http.routes import completions as openai_routes
 from cobali.http.routes import messages as anthropic_routes
 from tests.unit.http.test_server_api import fake_app
@@ -185,6 +186,7 @@ def test_a_client_that_goes_while_its_prompt_is_prefilled_frees_its_slot_at_once
 def test_a_client_that_goes_before_submit_is_never_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
     """The handler awaits the worker pool (tokenizing, the template, the grammar) before it submits: a client
     gone meanwhile has its handler cancelled there."""
+    monkeypatch.setattr(parse, "INLINE_BODY_BYTES", -1)  # a short body on the pool too, as a long one is
     preparing, submitted = threading.Event(), threading.Event()
     real_choices, real_submit = openai_routes._completion_choices, pipeline.submit
 
