@@ -99,4 +99,12 @@ def print_comparison(real: dict[str, dict], simulated: dict[str, dict]) -> None:
     measured = {router: run["host_background"] for router, run in real.items() if run.get("host_background")}
     if measured:
         print("the real runs' host background, CPUs: " + ", ".join(f"{r} {b:.2f}" for r, b in measured.items())
-              + f"; mean {np.mean(list(measured.values())):.2f}")
+              + f"; mean {np.mean(list(measured.values())):.2f} (--host-background)")
+    # Where both computed the same tokens, their tick seconds differ only by how fast the ticks ran.
+    paces = {router: real[router]["tick_s"] / sim["tick_s"] for router, sim in simulated.items()
+             if router in real and sim["tick_s"] > 0
+             and abs(real[router]["batch_tokens"] / sim["batch_tokens"] - 1) < 0.01}
+    if paces:
+        print("real ÷ simulated tick seconds, for the same tokens: "
+              + ", ".join(f"{r} {p:.3f}" for r, p in paces.items())
+              + " (times the simulator's --host-pace: what the shared host's CPUs do not explain)")

@@ -64,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "its own, as its --profile was calibrated)")
     parser.add_argument("--host-background", type=non_negative_float, default=0.0,
                         help="CPUs of the shared host that other processes keep busy (Ray, the ingress, clients)")
+    parser.add_argument("--host-pace", type=positive_float, default=1.0,
+                        help="the shared host's ticks take this many times the profile's even with CPUs to spare "
+                             "(a deployment's measured ticks against the simulator's for the same tokens)")
     parser.add_argument("--plan", action="store_true", help="find the fewest replicas meeting --target-ttft-p99")
     parser.add_argument("--target-ttft-p99", type=positive_float, default=None, metavar="MS",
                         help="TTFT p99 target for --plan (ms)")
@@ -123,11 +126,14 @@ def sim_spec(args: argparse.Namespace) -> SimSpec:
 
 def shared_host(args: argparse.Namespace) -> SharedHost | None:
     if args.host_cores is None:
-        if args.host_background:
-            raise ValueError(f"--host-background {args.host_background:g} needs --host-cores")
+        for flag, value, default in (("--host-background", args.host_background, 0.0),
+                                     ("--host-pace", args.host_pace, 1.0)):
+            if value != default:
+                raise ValueError(f"{flag} {value:g} needs --host-cores")
         return None
     # --threads 0 takes every core of the host, as llama.cpp's default does
-    return SharedHost(args.host_cores, args.host_background, args.threads or max(1, int(args.host_cores)))
+    return SharedHost(args.host_cores, args.host_background, args.threads or max(1, int(args.host_cores)),
+                      args.host_pace)
 
 
 def sim_workload(args: argparse.Namespace, spec: SimSpec) -> tuple[list[SimItem], np.ndarray]:

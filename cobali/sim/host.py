@@ -7,9 +7,11 @@ run slower than the profile. A replica is idle far more often under a router tha
 so how much slower depends on the router: the simulator has to model it rather than fold it into the profile.
 
 SharedHost: `cores` CPUs, of which `background` are taken by everything that is not an engine. While k engines of
-`threads` threads each compute at once, a tick takes max(1, k x threads / (cores - background)) times the
-profile's time. The replicas are then stepped in time order, so that each tick sees the others as they are at its
-start: the one whose clock is earliest goes next.
+`threads` threads each compute at once, a tick takes pace x max(1, k x threads / (cores - background)) times the
+profile's time. `pace` is what no share of CPUs explains: how much slower the host's engines tick than the
+profile's calibration even with a core to spare (measured: a deployment's tick seconds against the simulator's
+for the same tokens, bench/serving/prefix_routing.py --compare). The replicas are stepped in time order, so that
+each tick sees the others as they are at its start: the one whose clock is earliest goes next.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class SharedHost:
     cores: float
     background: float = 0.0  # CPUs that something other than the engines keeps busy, on average
     threads: int = 1  # per engine
+    pace: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.cores > self.background >= 0:
@@ -32,10 +35,12 @@ class SharedHost:
                              f"{self.cores:g}")
         if self.threads < 1:
             raise ValueError(f"an engine needs at least one thread, got {self.threads}")
+        if not self.pace > 0:
+            raise ValueError(f"--host-pace must be above 0, got {self.pace:g}")
 
     def slowdown(self, computing: int) -> float:
         """How much longer than the profile's a tick takes while `computing` engines (this one included) run."""
-        return max(1.0, computing * self.threads / (self.cores - self.background))
+        return self.pace * max(1.0, computing * self.threads / (self.cores - self.background))
 
 
 class Stepped(Protocol):

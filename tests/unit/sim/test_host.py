@@ -25,11 +25,13 @@ def ttfts_s(items: list[SimItem], arrivals: list[float], host: SharedHost | None
 def test_a_tick_slows_while_the_replicas_and_the_background_outgrow_the_cores() -> None:
     host = SharedHost(cores=2, background=1.0)
     assert host.slowdown(1) == 1.0 and host.slowdown(2) == 2.0 and SharedHost(4, 1, threads=2).slowdown(2) == 4 / 3
+    assert SharedHost(2, 1.0, pace=1.5).slowdown(1) == 1.5 and SharedHost(2, 1.0, pace=1.5).slowdown(2) == 3.0
     one = [SimItem(list(range(1, 11)), 1)]
     assert ttfts_s(one, [0.0], host) == pytest.approx([0.1])  # alone, one core is free for the background
     two = [SimItem(list(range(1, 11)), 1), SimItem(list(range(11, 21)), 1)]
     assert ttfts_s(two, [0.0, 0.0], None) == pytest.approx([0.1, 0.1])
     assert ttfts_s(two, [0.0, 0.0], host) == pytest.approx([0.2, 0.2])
+    assert ttfts_s(one, [0.0], SharedHost(cores=2, background=1.0, pace=1.5)) == pytest.approx([0.15])
 
 
 def test_each_tick_sees_the_replicas_computing_at_its_start() -> None:
@@ -48,4 +50,7 @@ def test_a_host_needs_cores_beyond_its_background(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         main([*argv, "--host-background", "0.3"])
     assert "--host-background 0.3 needs --host-cores" in capsys.readouterr().err
-    assert main([*argv, "--host-cores", "2", "--host-background", "0.3"]) == 0
+    with pytest.raises(SystemExit):
+        main([*argv, "--host-pace", "1.1"])
+    assert "--host-pace 1.1 needs --host-cores" in capsys.readouterr().err
+    assert main([*argv, "--host-cores", "2", "--host-background", "0.3", "--host-pace", "1.1"]) == 0
