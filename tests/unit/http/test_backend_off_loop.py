@@ -4,7 +4,6 @@ and never call the backend on the event loop: tokenizing, templates and embeddin
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
 import numpy as np
@@ -15,21 +14,13 @@ from cobali.backends.base import EmbeddingLimits, TemplateSource
 from cobali.backends.fake import FakeBackend
 from cobali.frontend.client import EngineClient
 from cobali.http import parse
-from tests.unit.http.test_parse_off_loop import BODIES
+from tests.unit.http.test_parse_off_loop import BODIES, on_loop
 from tests.unit.http.test_server_api import N_CTX_SEQ, fake_app, fake_engine, wait_healthy
 
 GETS = ("/health", "/v1/models", "/v1/models/fake-model", "/slots", "/metrics")
 # Beyond each route's body: the fake's template refuses tools, so a prompt reaches the tokenizer here.
 MORE_POSTS = [("/tokenize", {"prompt": "hi", "return_token_strs": True}),
               ("/v1/completions", {"prompt": [1, 2], "max_tokens": 1, "echo": True})]
-
-
-def _on_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 class WatchedBackend(FakeBackend):
@@ -40,7 +31,7 @@ class WatchedBackend(FakeBackend):
         self.on_loop: list[str] = []
 
     def _seen(self, name: str) -> None:
-        if _on_loop():
+        if on_loop():
             self.on_loop.append(name)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

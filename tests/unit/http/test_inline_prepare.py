@@ -5,7 +5,6 @@ counting the pool's jobs and by where the work runs, not by timing it."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,19 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cobali.http import generation, parse
+from tests.unit.http.test_parse_off_loop import on_loop
 from tests.unit.http.test_server_api import fake_app, fake_engine, wait_healthy
 
 COMPLETION = {"prompt": "hi", "max_tokens": 2, "stream": True}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-
-
-def _on_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -36,7 +28,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, list[s
     check = generation.check_request
 
     def checked(*args: Any) -> None:
-        seen.append("check on loop" if _on_loop() else "check off loop")
+        seen.append("check on loop" if on_loop() else "check off loop")
         check(*args)
 
     monkeypatch.setattr(generation, "check_request", checked)

@@ -34,7 +34,8 @@ BODIES = {
 }
 
 
-def _on_loop() -> bool:
+def on_loop() -> bool:
+    """Whether the caller runs on an event loop's thread (a route's handler), not a worker's."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -44,7 +45,7 @@ def _on_loop() -> bool:
 
 def _recording(calls: list[tuple[str, bool]], name: str, real: Callable[..., Any]) -> Callable[..., Any]:
     def record(*args: Any, **kwargs: Any) -> Any:
-        calls.append((name, _on_loop()))
+        calls.append((name, on_loop()))
         return real(*args, **kwargs)
 
     return record
