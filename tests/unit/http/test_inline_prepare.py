@@ -5,6 +5,7 @@ counting the pool's jobs and by where the work runs, not by timing it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -102,3 +103,41 @@ def test_a_short_body_is_answered_as_on_the_pool(served, monkeypatch: pytest.Mon
     assert on_loop[0] in (400, 404) and "job" not in seen
     monkeypatch.setattr(parse, "INLINE_BODY_BYTES", -1)
     assert answer() == on_loop and "job" in seen
+
+
+def _largest(body: dict, key: str, one: Any) -> dict:
+    """body with `key` grown one item at a time until it is the largest that stays inline (INLINE_BODY_BYTES)."""
+    items: list[Any] | dict[str, Any] = {} if isinstance(one, tuple) else []
+    while True:
+        if isinstance(items, dict):
+            grown: list[Any] | dict[str, Any] = {**items, str(len(items)): one[1]}
+        else:
+            grown = [*items, one]
+        if len(json.dumps({**body, key: grown})) > parse.INLINE_BODY_BYTES:
+            return {**body, key: items}
+        items = grown
+
+
+def test_the_largest_inline_bodies_are_answered_while_a_stream_runs_beside(served) -> None:
+    """The worst that runs on the loop: 2 KiB of empty messages (each rendered and tokenized), of logit_bias
+    entries, of stop strings. Each is answered on the loop while a stream opened before them goes on to its end,
+    and the server is still up after."""
+    client, seen = served
+    _post(client, "/v1/chat/completions", CHAT)  # the template, built on a worker
+    chat = {"max_tokens": 1}
+    worst = [_largest({**chat, "messages": []}, "messages", {"role": "user", "content": ""}),
+             _largest({**chat, "messages": CHAT["messages"]}, "logit_bias", ("id", 1)),
+             _largest({**chat, "messages": CHAT["messages"]}, "stop", "st")]
+    assert len(worst[0]["messages"]) > 40 and len(worst[1]["logit_bias"]) > 100 and len(worst[2]["stop"]) > 1
+    with client.stream("POST", "/v1/completions", json={**COMPLETION, "max_tokens": 32}) as stream:
+        lines = stream.iter_lines()
+        next(lines)
+        for body in worst:
+            seen.clear()
+            reply = client.post("/v1/chat/completions", json=body)
+            # On this small fake model each is over a limit (its context, its vocabulary, --max-stop-strings): a
+            # 400 that names it, found on the loop, with no job; never a 5xx.
+            assert reply.status_code == 400 and "job" not in seen, (reply.text, seen)
+            assert any(name in reply.json()["error"]["message"] for name in ("context", "vocabulary", "--max-stop"))
+        assert "data: [DONE]" in list(lines)
+    assert client.get("/health").status_code == 200
